@@ -1,0 +1,259 @@
+use super::cache::CoupledQkCache;
+use super::config::RotaryPosition;
+use super::scores::attend;
+use crate::dynamics::QkDynamics;
+use crate::integrator::Integrator;
+use burn::module::Module;
+use burn::nn::{Dropout, Linear, RotaryEncoding};
+use burn::tensor::{Bool, Tensor, backend::Backend};
+use std::sync::Arc;
+
+/// Multi-head self-attention with **coupled query-key dynamics**, from *Coupled Query-Key
+/// Dynamics for Attention* (Gahtan & Bronstein, 2026, arXiv:2604.01683).
+///
+/// Before scoring, each token's query and key evolve jointly under
+///
+/// ```text
+/// dq/dt = k,    dk/dt = f(q)
+/// ```
+///
+/// for a few steps of a learned `dt` (one forward-Euler step by default:
+/// `q ← q + dt·k`, `k ← k + dt·f(q)`), with `f` a small [`CouplingNet`](crate::CouplingNet)
+/// shared by the heads. Then `softmax(q·kᵀ/√d_head)·v` as usual. The dynamics act on each token
+/// alone, so causal masking and caching work as in standard attention. The same layer is the
+/// standard and MLP-only baselines, chosen by [`DynamicsConfig`](crate::DynamicsConfig).
+///
+/// Built by [`CoupledQkAttentionConfig`](super::CoupledQkAttentionConfig).
+///
+/// # Params
+/// - `query`, `key`, `value`, `output`: [`Linear`], `d_model → d_model`
+/// - `dynamics`: the coupling net and `dt` (see [`extra_num_params`](Self::extra_num_params))
+#[derive(Module, Debug)]
+pub struct CoupledQkAttention<B: Backend> {
+    /// Projects the input to queries.
+    pub query: Linear<B>,
+    /// Projects the input to keys.
+    pub key: Linear<B>,
+    /// Projects the input to values.
+    pub value: Linear<B>,
+    /// Projects the merged heads back to `d_model`.
+    pub output: Linear<B>,
+    /// The pre-scoring dynamics.
+    pub dynamics: QkDynamics<B>,
+    /// Rotary position embedding over `d_head`, if configured.
+    pub rotary: Option<RotaryEncoding<B>>,
+    /// Where the rotary embedding acts.
+    pub rotary_position: RotaryPosition,
+    /// Dropout on the attention weights.
+    pub dropout: Dropout,
+    /// The number of heads.
+    pub n_heads: usize,
+    /// The size of each head.
+    pub d_head: usize,
+    /// Whether future positions are masked.
+    pub causal: bool,
+}
+
+/// The input of [`CoupledQkAttention::forward`]: the sequence and optional masks, `true`
+/// meaning "masked out" (Burn's convention).
+#[derive(Debug, Clone)]
+pub struct AttentionInput<B: Backend> {
+    x: Tensor<B, 3>,
+    mask_pad: Option<Tensor<B, 2, Bool>>,
+    mask_attn: Option<Tensor<B, 3, Bool>>,
+}
+
+impl<B: Backend> AttentionInput<B> {
+    /// A sequence `[batch, seq, d_model]`, no mask.
+    pub fn new(x: Tensor<B, 3>) -> Self {
+        Self {
+            x,
+            mask_pad: None,
+            mask_attn: None,
+        }
+    }
+
+    /// Masks padded keys: `[batch, seq]`, `true` at padding.
+    pub fn mask_pad(mut self, mask_pad: Tensor<B, 2, Bool>) -> Self {
+        self.mask_pad = Some(mask_pad);
+        self
+    }
+
+    /// Masks query-key pairs: `[batch, seq, seq]`, `true` where query `i` must not see key `j`.
+    pub fn mask_attn(mut self, mask_attn: Tensor<B, 3, Bool>) -> Self {
+        self.mask_attn = Some(mask_attn);
+        self
+    }
+}
+
+impl<B: Backend> From<Tensor<B, 3>> for AttentionInput<B> {
+    fn from(x: Tensor<B, 3>) -> Self {
+        Self::new(x)
+    }
+}
+
+impl<B: Backend> CoupledQkAttention<B> {
+    /// Self-attention over a whole sequence.
+    ///
+    /// # Shapes
+    /// - `input.x`: `[batch, seq, d_model]`
+    /// - `input.mask_pad`: `[batch, seq]`; `input.mask_attn`: `[batch, seq, seq]`
+    /// - output: `[batch, seq, d_model]`
+    ///
+    /// # Panics
+    /// If a shape differs from the above (the message names the expected shape), or the sequence
+    /// is longer than the rotary embedding's `max_seq_len`.
+    pub fn forward(&self, input: impl Into<AttentionInput<B>>) -> Tensor<B, 3> {
+        let AttentionInput {
+            x,
+            mask_pad,
+            mask_attn,
+        } = input.into();
+        let [batch, seq, _] = self.check_input(&x);
+        let (q, k, v) = self.project(x, 0);
+        let mask = self.combine_masks(mask_pad, mask_attn, [batch, seq]);
+        let context = attend(q, k, v, mask, self.causal, &self.dropout);
+        self.merge_heads(context)
+    }
+
+    /// Self-attention over new positions, given the cache of earlier ones: for autoregressive
+    /// decoding. Feeding a sequence in chunks (one token at a time or more) through the same cache
+    /// gives the outputs of [`forward`](Self::forward) on the whole sequence, when the layer is
+    /// causal.
+    ///
+    /// # Shapes
+    /// - `x`: `[batch, new, d_model]`
+    /// - output: `[batch, new, d_model]`
+    ///
+    /// # Panics
+    /// If `x` is not `[batch, new, d_model]` with the cache's batch size, or the cached and new
+    /// positions exceed the rotary embedding's `max_seq_len`.
+    pub fn forward_cache(&self, x: Tensor<B, 3>, cache: &mut CoupledQkCache<B>) -> Tensor<B, 3> {
+        let [batch, _, _] = self.check_input(&x);
+        if let Some(keys) = &cache.keys {
+            let cached = keys.dims()[0];
+            assert_eq!(
+                batch, cached,
+                "CoupledQkAttention::forward_cache: the cache holds batch size {cached}, got input batch size {batch}"
+            );
+        }
+        let (q, k, v) = self.project(x, cache.len());
+        let (k, v) = cache.append(k, v);
+        let context = attend(q, k, v, None, self.causal, &self.dropout);
+        self.merge_heads(context)
+    }
+
+    /// The same layer with another integrator, for example one of the user's own: implement
+    /// [`Integrator`] and pass it here; the attention code does not change.
+    ///
+    /// # Panics
+    /// If the layer's dynamics are not coupled.
+    pub fn with_integrator(mut self, integrator: Arc<dyn Integrator>) -> Self {
+        self.dynamics = self.dynamics.with_integrator(integrator);
+        self
+    }
+
+    /// The parameters the dynamics add over a standard attention layer of the same shape: the
+    /// coupling net and `dt` (counted even when `dt` is fixed). Zero for standard attention.
+    pub fn extra_num_params(&self) -> usize {
+        self.dynamics.num_params()
+    }
+
+    /// `d_model`.
+    pub fn d_model(&self) -> usize {
+        self.n_heads * self.d_head
+    }
+
+    fn check_input(&self, x: &Tensor<B, 3>) -> [usize; 3] {
+        let dims = x.dims();
+        assert_eq!(
+            dims[2],
+            self.d_model(),
+            "CoupledQkAttention: expected input [batch, seq, d_model = {}], got {dims:?}",
+            self.d_model()
+        );
+        dims
+    }
+
+    /// Projects to heads, then applies the dynamics and the rotary embedding in the configured
+    /// order. Returns `(q, k, v)`, each `[batch, heads, seq, d_head]`.
+    fn project(
+        &self,
+        x: Tensor<B, 3>,
+        start: usize,
+    ) -> (Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>) {
+        let q = self.split_heads(self.query.forward(x.clone()));
+        let k = self.split_heads(self.key.forward(x.clone()));
+        let v = self.split_heads(self.value.forward(x));
+        let (q, k) = match (&self.rotary, self.rotary_position) {
+            (None, _) => self.dynamics.forward(q, k),
+            (Some(rope), RotaryPosition::BeforeDynamics) => {
+                let (q, k) = (self.rotate(rope, q, start), self.rotate(rope, k, start));
+                self.dynamics.forward(q, k)
+            }
+            (Some(rope), RotaryPosition::AfterDynamics) => {
+                let (q, k) = self.dynamics.forward(q, k);
+                (self.rotate(rope, q, start), self.rotate(rope, k, start))
+            }
+        };
+        (q, k, v)
+    }
+
+    fn rotate(&self, rope: &RotaryEncoding<B>, x: Tensor<B, 4>, start: usize) -> Tensor<B, 4> {
+        let max = rope.freq_complex.dims()[0];
+        let end = start + x.dims()[2];
+        assert!(
+            end <= max,
+            "CoupledQkAttention: positions up to {end} exceed the rotary embedding's max_seq_len = {max}; raise RotaryConfig::max_seq_len"
+        );
+        rope.apply(x, start)
+    }
+
+    /// `[batch, seq, d_model]` → `[batch, heads, seq, d_head]`.
+    fn split_heads(&self, x: Tensor<B, 3>) -> Tensor<B, 4> {
+        let [batch, seq, _] = x.dims();
+        x.reshape([batch, seq, self.n_heads, self.d_head])
+            .swap_dims(1, 2)
+    }
+
+    /// `[batch, heads, seq, d_head]` → output projection of `[batch, seq, d_model]`.
+    fn merge_heads(&self, context: Tensor<B, 4>) -> Tensor<B, 3> {
+        let [batch, _, seq, _] = context.dims();
+        let merged = context.swap_dims(1, 2).reshape([batch, seq, self.d_model()]);
+        self.output.forward(merged)
+    }
+
+    /// One `[batch, heads, seq, seq]` mask from the padding and attention masks.
+    fn combine_masks(
+        &self,
+        mask_pad: Option<Tensor<B, 2, Bool>>,
+        mask_attn: Option<Tensor<B, 3, Bool>>,
+        [batch, seq]: [usize; 2],
+    ) -> Option<Tensor<B, 4, Bool>> {
+        let full = [batch, self.n_heads, seq, seq];
+        let pad = mask_pad.map(|m| {
+            assert_eq!(
+                m.dims(),
+                [batch, seq],
+                "CoupledQkAttention: expected mask_pad [batch, seq] = {:?}, got {:?}",
+                [batch, seq],
+                m.dims()
+            );
+            m.reshape([batch, 1, 1, seq]).expand(full)
+        });
+        let attn = mask_attn.map(|m| {
+            assert_eq!(
+                m.dims(),
+                [batch, seq, seq],
+                "CoupledQkAttention: expected mask_attn [batch, seq, seq] = {:?}, got {:?}",
+                [batch, seq, seq],
+                m.dims()
+            );
+            m.reshape([batch, 1, seq, seq]).expand(full)
+        });
+        match (pad, attn) {
+            (Some(a), Some(b)) => Some(a.bool_or(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}

@@ -1,0 +1,81 @@
+//! Scaled dot-product scoring: the one place that turns evolved queries and keys into context.
+
+use burn::nn::Dropout;
+use burn::tensor::activation::softmax;
+use burn::tensor::module::attention;
+use burn::tensor::ops::AttentionModuleOptions;
+use burn::tensor::{Bool, Tensor, backend::Backend};
+
+/// `softmax(q·kᵀ/√d_head + mask)·v`, with `true` in `mask` meaning "masked out".
+///
+/// With `causal`, query `i` of `s_q` sees keys up to `i + s_k − s_q` (aligned at the bottom right,
+/// so that the last queries of a cached decode see every earlier key). A row with every key masked
+/// yields zeros, not NaN.
+///
+/// Uses Burn's `attention` op (fused where the backend has a kernel), except when attention
+/// dropout is active (that op has none), where it scores explicitly.
+///
+/// # Shapes
+/// - `q`: `[batch, heads, s_q, d_head]`; `k`, `v`: `[batch, heads, s_k, d_head]`
+/// - `mask`: `[batch, heads, s_q, s_k]`
+/// - output: `[batch, heads, s_q, d_head]`
+pub(crate) fn attend<B: Backend>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+    mask: Option<Tensor<B, 4, Bool>>,
+    causal: bool,
+    dropout: &Dropout,
+) -> Tensor<B, 4> {
+    if dropout.prob > 0.0 && B::ad_enabled(&q.device()) {
+        return attend_explicit(q, k, v, mask, causal, dropout);
+    }
+    let options = AttentionModuleOptions {
+        scale: None,
+        softcap: None,
+        is_causal: causal,
+    };
+    attention(q, k, v, mask, None, options)
+}
+
+/// The explicit path: scores, masks, NaN-safe softmax, dropout on the weights.
+pub(crate) fn attend_explicit<B: Backend>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+    mask: Option<Tensor<B, 4, Bool>>,
+    causal: bool,
+    dropout: &Dropout,
+) -> Tensor<B, 4> {
+    let [batch, heads, s_q, d_head] = q.dims();
+    let s_k = k.dims()[2];
+    let scores = q
+        .matmul(k.swap_dims(2, 3))
+        .mul_scalar(1.0 / (d_head as f64).sqrt()); // [batch, heads, s_q, s_k]
+    let mask = match (mask, causal) {
+        (mask, false) => mask,
+        (mask, true) => {
+            let offset = s_k as i64 - s_q as i64;
+            let future = Tensor::<B, 2, Bool>::tril_mask([s_q, s_k], offset, &scores.device())
+                .unsqueeze::<4>()
+                .expand([batch, heads, s_q, s_k]);
+            Some(match mask {
+                Some(mask) => mask.bool_or(future),
+                None => future,
+            })
+        }
+    };
+    let weights = match mask {
+        None => softmax(scores, 3),
+        Some(mask) => {
+            // A row with every key masked would be softmax(-inf, …) = NaN: score it as zeros
+            // (finite), then zero its weights.
+            let dead = mask.clone().all_dim(3); // [batch, heads, s_q, 1]
+            let scores = scores
+                .mask_fill(mask, f32::NEG_INFINITY)
+                .mask_fill(dead.clone().expand([batch, heads, s_q, s_k]), 0.0);
+            softmax(scores, 3).mask_fill(dead.expand([batch, heads, s_q, s_k]), 0.0)
+        }
+    };
+    dropout.forward(weights).matmul(v)
+}

@@ -1,0 +1,262 @@
+//! The transformation of queries and keys before scoring: the one place that decides between
+//! standard attention, the MLP-only baseline and the coupled dynamics.
+
+use crate::coupling::{CouplingNet, CouplingNetConfig};
+use crate::error::ConfigError;
+use crate::integrator::{Integrator, IntegratorKind, integrate};
+use crate::step_size::{StepSize, StepSizeConfig};
+use burn::module::Module;
+use burn::tensor::{Tensor, backend::Backend};
+use serde::{Deserialize, Serialize};
+use std::str::FromStr;
+use std::sync::Arc;
+
+/// Which transformation a layer applies to `q` and `k` before scoring.
+///
+/// Serialised as `{"kind": "standard"}`, `{"kind": "mlp-only"}` or
+/// `{"kind": "coupled", "integrator": "euler", "steps": 1}`; parsed from the names experiment
+/// programs take on the command line: `standard`, `mlp-only`, `euler`, `leapfrog`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum DynamicsConfig {
+    /// No dynamics: `q' = q`, `k' = k`.
+    Standard,
+    /// The uncoupled baseline of matched capacity: `q' = q + f(q)`, `k' = k`.
+    MlpOnly,
+    /// The coupled dynamics `dq/dt = k`, `dk/dt = f(q)`, integrated for `steps` steps.
+    Coupled {
+        /// The integrator.
+        integrator: IntegratorKind,
+        /// How many steps of size `dt` (the paper finds one enough).
+        #[serde(default = "one")]
+        steps: usize,
+    },
+}
+
+fn one() -> usize {
+    1
+}
+
+impl burn::config::Config for DynamicsConfig {}
+
+impl Default for DynamicsConfig {
+    /// One forward-Euler step, the paper's best 60M result.
+    fn default() -> Self {
+        Self::euler(1)
+    }
+}
+
+impl DynamicsConfig {
+    /// `steps` forward-Euler steps.
+    pub fn euler(steps: usize) -> Self {
+        Self::Coupled {
+            integrator: IntegratorKind::Euler,
+            steps,
+        }
+    }
+
+    /// `steps` leapfrog steps.
+    pub fn leapfrog(steps: usize) -> Self {
+        Self::Coupled {
+            integrator: IntegratorKind::Leapfrog,
+            steps,
+        }
+    }
+
+    /// The same dynamics with `steps` integrator steps; standard and MLP-only are unchanged.
+    pub fn with_steps(self, steps: usize) -> Self {
+        match self {
+            Self::Coupled { integrator, .. } => Self::Coupled { integrator, steps },
+            other => other,
+        }
+    }
+
+    /// Whether the layer has a coupling net (every variant but standard).
+    pub fn has_coupling_net(&self) -> bool {
+        !matches!(self, Self::Standard)
+    }
+
+    /// The command-line name: `standard`, `mlp-only`, `euler`, `leapfrog`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Standard => "standard",
+            Self::MlpOnly => "mlp-only",
+            Self::Coupled {
+                integrator: IntegratorKind::Euler,
+                ..
+            } => "euler",
+            Self::Coupled {
+                integrator: IntegratorKind::Leapfrog,
+                ..
+            } => "leapfrog",
+        }
+    }
+
+    /// Checks the step count.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        match self {
+            Self::Coupled { steps: 0, .. } => Err(ConfigError::new(
+                "DynamicsConfig",
+                "steps",
+                0,
+                "the coupled dynamics need at least 1 integrator step (use `standard` for none)",
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl FromStr for DynamicsConfig {
+    type Err = String;
+
+    fn from_str(name: &str) -> Result<Self, String> {
+        match name {
+            "standard" => Ok(Self::Standard),
+            "mlp-only" => Ok(Self::MlpOnly),
+            "euler" => Ok(Self::euler(1)),
+            "leapfrog" | "hamiltonian" => Ok(Self::leapfrog(1)),
+            other => Err(format!(
+                "unknown dynamics `{other}`: expected standard, mlp-only, euler or leapfrog"
+            )),
+        }
+    }
+}
+
+/// How a built [`QkDynamics`] transforms `q` and `k`. Not a parameter: cloned as is.
+#[derive(Clone, Debug)]
+pub enum Scheme {
+    /// Identity.
+    Standard,
+    /// `q' = q + f(q)`.
+    MlpOnly,
+    /// `steps` steps of `integrator`.
+    Coupled {
+        /// Any [`Integrator`], built in or the user's own.
+        integrator: Arc<dyn Integrator>,
+        /// Steps per forward pass.
+        steps: usize,
+    },
+}
+
+/// The pre-scoring dynamics of one attention layer: the coupling net, the step size and the
+/// scheme that uses them.
+///
+/// Acts on each token independently (it never mixes positions), so it commutes with causal
+/// masking and with a cache of evolved keys.
+#[derive(Module, Debug)]
+pub struct QkDynamics<B: Backend> {
+    /// The force `f` (absent for standard attention).
+    pub coupling: Option<CouplingNet<B>>,
+    /// The step size `dt` (present for the coupled scheme only).
+    pub step_size: Option<StepSize<B>>,
+    /// What the forward pass does.
+    pub scheme: Scheme,
+}
+
+impl<B: Backend> QkDynamics<B> {
+    /// Builds the dynamics a config names, for a layer of `n_heads` heads.
+    pub fn try_init(
+        config: &DynamicsConfig,
+        coupling: &CouplingNetConfig,
+        dt: &StepSizeConfig,
+        n_heads: usize,
+        device: &B::Device,
+    ) -> Result<Self, ConfigError> {
+        config.validate()?;
+        let coupling = match config.has_coupling_net() {
+            true => Some(coupling.try_init(device)?),
+            false => None,
+        };
+        let (scheme, step_size) = match config {
+            DynamicsConfig::Standard => (Scheme::Standard, None),
+            DynamicsConfig::MlpOnly => (Scheme::MlpOnly, None),
+            DynamicsConfig::Coupled { integrator, steps } => (
+                Scheme::Coupled {
+                    integrator: integrator.build(),
+                    steps: *steps,
+                },
+                Some(dt.try_init(n_heads, device)?),
+            ),
+        };
+        Ok(Self {
+            coupling,
+            step_size,
+            scheme,
+        })
+    }
+
+    /// The same dynamics with another integrator (for example one of the user's own).
+    ///
+    /// # Panics
+    /// If the dynamics are not coupled: standard and MLP-only have no integrator.
+    pub fn with_integrator(mut self, integrator: Arc<dyn Integrator>) -> Self {
+        match &mut self.scheme {
+            Scheme::Coupled { integrator: i, .. } => *i = integrator,
+            other => panic!(
+                "with_integrator: the dynamics are {other:?}, which has no integrator; \
+                 build the layer with DynamicsConfig::Coupled"
+            ),
+        }
+        self
+    }
+
+    /// Transforms `q` and `k`.
+    ///
+    /// # Shapes
+    /// - `q`, `k`: `[batch, heads, seq, d_head]`, and the same on output
+    pub fn forward(&self, q: Tensor<B, 4>, k: Tensor<B, 4>) -> (Tensor<B, 4>, Tensor<B, 4>) {
+        match &self.scheme {
+            Scheme::Standard => (q, k),
+            Scheme::MlpOnly => {
+                let f = self.coupling.as_ref().expect("MLP-only has a coupling net");
+                (q.clone() + f.forward(q), k)
+            }
+            Scheme::Coupled { integrator, steps } => {
+                let f = self.coupling.as_ref().expect("coupled has a coupling net");
+                let dt = self.step_size.as_ref().expect("coupled has a step size");
+                let force = |q: Tensor<B, 4>| f.forward(q);
+                let out = integrate(integrator.as_ref(), q, k, dt.broadcast(), &force, *steps);
+                (out.q, out.k)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_through_from_str() {
+        for config in [
+            DynamicsConfig::Standard,
+            DynamicsConfig::MlpOnly,
+            DynamicsConfig::euler(1),
+            DynamicsConfig::leapfrog(1),
+        ] {
+            assert_eq!(config.name().parse::<DynamicsConfig>().unwrap(), config);
+        }
+        let err = "rk4".parse::<DynamicsConfig>().unwrap_err();
+        assert!(err.contains("rk4") && err.contains("leapfrog"), "{err}");
+    }
+
+    #[test]
+    fn serde_uses_the_experiment_names() {
+        let json = serde_json::to_string(&DynamicsConfig::leapfrog(3)).unwrap();
+        assert_eq!(
+            json,
+            r#"{"kind":"coupled","integrator":"leapfrog","steps":3}"#
+        );
+        let parsed: DynamicsConfig =
+            serde_json::from_str(r#"{"kind":"coupled","integrator":"euler"}"#).unwrap();
+        assert_eq!(parsed, DynamicsConfig::euler(1));
+        let parsed: DynamicsConfig = serde_json::from_str(r#"{"kind":"mlp-only"}"#).unwrap();
+        assert_eq!(parsed, DynamicsConfig::MlpOnly);
+    }
+
+    #[test]
+    fn zero_steps_is_rejected() {
+        let err = DynamicsConfig::euler(0).validate().unwrap_err();
+        assert_eq!(err.field, "steps");
+    }
+}

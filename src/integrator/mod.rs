@@ -1,0 +1,114 @@
+//! Integrators of the coupled query-key dynamics.
+//!
+//! The dynamics of *Coupled Query-Key Dynamics for Attention* (Gahtan & Bronstein, 2026) treat
+//! each token's query as a position and its key as a momentum:
+//!
+//! ```text
+//! dq/dt = k,    dk/dt = f(q)
+//! ```
+//!
+//! with `f` the [`CouplingNet`](crate::CouplingNet). An [`Integrator`] advances that system by
+//! one step of size `dt`, written in terms of two backend-independent moves on a [`PhaseSpace`]:
+//! a *drift* (`q ← q + c·dt·k`) and a *kick* (`k ← k + c·dt·F`, with `F` a force evaluated by
+//! [`PhaseSpace::force`]). Because the trait never sees a tensor, one implementation serves every
+//! Burn backend, and a new integrator is one file implementing [`Integrator::step`]: the attention
+//! code does not change (see [`CoupledQkAttention::with_integrator`](crate::CoupledQkAttention::with_integrator)).
+//!
+//! Built in: [`Euler`] (forward Euler, first order) and [`Leapfrog`] (kick-drift-kick, second
+//! order, volume-preserving and time-reversible for any `f`). `n` steps repeat `step`; forces are
+//! memoised while `q` does not move, so `n` leapfrog steps cost `n + 1` force evaluations.
+
+mod euler;
+mod leapfrog;
+mod phase;
+
+pub use euler::Euler;
+pub use leapfrog::Leapfrog;
+pub use phase::{Integration, TensorPhaseSpace, integrate};
+
+use serde::{Deserialize, Serialize};
+use std::any::Any;
+use std::fmt::Debug;
+use std::sync::Arc;
+
+/// A force `F = f(q)` evaluated by a [`PhaseSpace`], to be applied by [`PhaseSpace::kick`].
+///
+/// Opaque: it holds the backend's tensor, so an integrator can keep a force across moves (forward
+/// Euler applies the force of the *old* query after the query has drifted).
+pub struct Force(pub(crate) Box<dyn Any + Send>);
+
+impl Debug for Force {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Force(..)")
+    }
+}
+
+/// The state `(q, k)` an [`Integrator`] moves, with its step size `dt` and force `f`.
+///
+/// Implemented by [`TensorPhaseSpace`] for every backend; object-safe so that integrators need
+/// not be generic over the backend.
+pub trait PhaseSpace {
+    /// Evaluates `f(q)` at the current query. Memoised: a second call before the next
+    /// [`drift`](PhaseSpace::drift) returns the same force without evaluating `f` again.
+    fn force(&mut self) -> Force;
+
+    /// `k ← k + c·dt·force`.
+    ///
+    /// # Panics
+    /// If `force` came from a phase space of another backend.
+    fn kick(&mut self, c: f64, force: Force);
+
+    /// `q ← q + c·dt·k`.
+    fn drift(&mut self, c: f64);
+}
+
+/// One step of an integrator of `dq/dt = k, dk/dt = f(q)`.
+///
+/// Implement [`step`](Integrator::step) with the moves of [`PhaseSpace`]; the phase space applies
+/// `dt`, so a step with `-dt` is the same code.
+///
+/// ```
+/// use coupled_qk::integrator::{Integrator, PhaseSpace};
+///
+/// /// Symplectic (semi-implicit) Euler: kick with the old query, then drift with the new key.
+/// #[derive(Debug)]
+/// struct SymplecticEuler;
+///
+/// impl Integrator for SymplecticEuler {
+///     fn name(&self) -> &str {
+///         "symplectic-euler"
+///     }
+///     fn step(&self, space: &mut dyn PhaseSpace) {
+///         let force = space.force();
+///         space.kick(1.0, force);
+///         space.drift(1.0);
+///     }
+/// }
+/// ```
+pub trait Integrator: Debug + Send + Sync {
+    /// A short name, used in displays and reports.
+    fn name(&self) -> &str;
+
+    /// Advances `space` by one step of its `dt`.
+    fn step(&self, space: &mut dyn PhaseSpace);
+}
+
+/// The built-in integrators, by the name experiment configs use (`"euler"`, `"leapfrog"`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum IntegratorKind {
+    /// [`Euler`]: forward Euler.
+    Euler,
+    /// [`Leapfrog`]: kick-drift-kick (the paper's "Hamiltonian" variant).
+    Leapfrog,
+}
+
+impl IntegratorKind {
+    /// The integrator this name stands for.
+    pub fn build(self) -> Arc<dyn Integrator> {
+        match self {
+            IntegratorKind::Euler => Arc::new(Euler),
+            IntegratorKind::Leapfrog => Arc::new(Leapfrog),
+        }
+    }
+}

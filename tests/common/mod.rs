@@ -1,0 +1,79 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+
+use burn::backend::{Autodiff, Flex};
+use burn::module::Param;
+use burn::tensor::{Tensor, TensorData, backend::Backend};
+use coupled_qk::CouplingNet;
+
+/// The fast CPU backend, f32.
+pub type Cpu = Flex;
+/// f64 with autodiff, for Jacobians and gradient checks.
+pub type Ad64 = Autodiff<Flex<f64>>;
+/// f64 without autodiff, for finite differences.
+pub type Cpu64 = Flex<f64>;
+
+pub fn tensor<B: Backend, const D: usize>(
+    values: &[f64],
+    shape: [usize; D],
+    device: &B::Device,
+) -> Tensor<B, D> {
+    Tensor::from_data(TensorData::new(values.to_vec(), shape), device)
+}
+
+pub fn values<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f64> {
+    t.into_data().convert::<f64>().to_vec::<f64>().unwrap()
+}
+
+pub fn max_abs_diff(a: &[f64], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f64::max)
+}
+
+/// How many weights a `d → h → d` coupling net has.
+pub fn net_size(d: usize, h: usize) -> usize {
+    2 * d * h + h + d
+}
+
+/// A shared coupling net `d → h → d` with the given weights, in the order w1, b1, w2, b2.
+pub fn net<B: Backend>(d: usize, h: usize, w: &[f64], device: &B::Device) -> CouplingNet<B> {
+    assert_eq!(w.len(), net_size(d, h));
+    let (w1, rest) = w.split_at(d * h);
+    let (b1, rest) = rest.split_at(h);
+    let (w2, b2) = rest.split_at(h * d);
+    CouplingNet {
+        w1: Param::from_tensor(tensor(w1, [1, d, h], device)),
+        b1: Param::from_tensor(tensor(b1, [1, h], device)),
+        w2: Param::from_tensor(tensor(w2, [1, h, d], device)),
+        b2: Param::from_tensor(tensor(b2, [1, d], device)),
+    }
+}
+
+/// Determinant by Gaussian elimination with partial pivoting.
+pub fn det(mut m: Vec<Vec<f64>>) -> f64 {
+    let n = m.len();
+    let mut det = 1.0;
+    for col in 0..n {
+        let pivot = (col..n)
+            .max_by(|&a, &b| m[a][col].abs().total_cmp(&m[b][col].abs()))
+            .unwrap();
+        if m[pivot][col] == 0.0 {
+            return 0.0;
+        }
+        if pivot != col {
+            m.swap(pivot, col);
+            det = -det;
+        }
+        det *= m[col][col];
+        for row in col + 1..n {
+            let factor = m[row][col] / m[col][col];
+            for c in col..n {
+                m[row][c] -= factor * m[col][c];
+            }
+        }
+    }
+    det
+}
