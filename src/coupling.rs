@@ -84,9 +84,13 @@ impl CouplingNetConfig {
         self.validate()?;
         let (n, d, h) = (self.n_nets, self.d_head, self.hidden());
         Ok(CouplingNet {
-            w1: self.initializer.init_with([n, d, h], Some(d), Some(h), device),
+            w1: self
+                .initializer
+                .init_with([n, d, h], Some(d), Some(h), device),
             b1: Initializer::Zeros.init([n, h], device),
-            w2: self.initializer.init_with([n, h, d], Some(h), Some(d), device),
+            w2: self
+                .initializer
+                .init_with([n, h, d], Some(h), Some(d), device),
             b2: Initializer::Zeros.init([n, d], device),
         })
     }
@@ -119,7 +123,8 @@ impl<B: Backend> CouplingNet<B> {
         let [n, d, h] = self.w1.dims();
         let [batch, heads, seq, d_in] = x.dims();
         assert_eq!(
-            d_in, d,
+            d_in,
+            d,
             "CouplingNet: expected input [batch, heads, seq, d_head = {d}], got {:?}",
             [batch, heads, seq, d_in]
         );
@@ -132,7 +137,8 @@ impl<B: Backend> CouplingNet<B> {
             linear(hidden, w2, Some(self.b2.val().reshape([d]))).reshape([batch, heads, seq, d])
         } else {
             assert_eq!(
-                heads, n,
+                heads,
+                n,
                 "CouplingNet: {n} per-head nets need input [batch, heads = {n}, seq, d_head], got {:?}",
                 [batch, heads, seq, d_in]
             );

@@ -83,7 +83,11 @@ impl CoupledQkAttentionConfig {
     pub fn coupling(&self) -> CouplingNetConfig {
         CouplingNetConfig::new(self.d_head())
             .with_d_hidden(self.coupling_hidden)
-            .with_n_nets(if self.coupling_per_head { self.n_heads } else { 1 })
+            .with_n_nets(if self.coupling_per_head {
+                self.n_heads
+            } else {
+                1
+            })
     }
 
     /// Checks every field; the error names the field, its value and the rule.

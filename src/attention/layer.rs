@@ -177,11 +177,7 @@ impl<B: Backend> CoupledQkAttention<B> {
 
     /// Projects to heads, then applies the dynamics and the rotary embedding in the configured
     /// order. Returns `(q, k, v)`, each `[batch, heads, seq, d_head]`.
-    fn project(
-        &self,
-        x: Tensor<B, 3>,
-        start: usize,
-    ) -> (Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>) {
+    fn project(&self, x: Tensor<B, 3>, start: usize) -> (Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>) {
         let q = self.split_heads(self.query.forward(x.clone()));
         let k = self.split_heads(self.key.forward(x.clone()));
         let v = self.split_heads(self.value.forward(x));
@@ -219,7 +215,9 @@ impl<B: Backend> CoupledQkAttention<B> {
     /// `[batch, heads, seq, d_head]` → output projection of `[batch, seq, d_model]`.
     fn merge_heads(&self, context: Tensor<B, 4>) -> Tensor<B, 3> {
         let [batch, _, seq, _] = context.dims();
-        let merged = context.swap_dims(1, 2).reshape([batch, seq, self.d_model()]);
+        let merged = context
+            .swap_dims(1, 2)
+            .reshape([batch, seq, self.d_model()]);
         self.output.forward(merged)
     }
 

@@ -79,3 +79,51 @@ pub(crate) fn attend_explicit<B: Backend>(
     };
     dropout.forward(weights).matmul(v)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::backend::Flex;
+    use burn::nn::DropoutConfig;
+    use burn::tensor::{Distribution, TensorData, Tolerance};
+
+    type TestBackend = Flex;
+
+    /// The explicit path (used under dropout) agrees with Burn's op, masks and causality
+    /// included, fully masked rows included.
+    #[test]
+    fn explicit_scoring_matches_the_attention_op() {
+        let device = Default::default();
+        let no_dropout = DropoutConfig::new(0.0).init();
+        for (s_q, s_k) in [(5, 5), (2, 5), (1, 4)] {
+            let q =
+                Tensor::<TestBackend, 4>::random([2, 3, s_q, 8], Distribution::Default, &device);
+            let k =
+                Tensor::<TestBackend, 4>::random([2, 3, s_k, 8], Distribution::Default, &device);
+            let v =
+                Tensor::<TestBackend, 4>::random([2, 3, s_k, 8], Distribution::Default, &device);
+            let mut bits = vec![false; 2 * 3 * s_q * s_k];
+            bits[..s_k].fill(true); // row 0 of batch 0, head 0: fully masked
+            bits[s_k * s_q + 1] = true;
+            let mask = Tensor::<TestBackend, 4, Bool>::from_bool(
+                TensorData::new(bits, [2, 3, s_q, s_k]),
+                &device,
+            );
+            for causal in [false, true] {
+                for mask in [None, Some(mask.clone())] {
+                    let options = AttentionModuleOptions {
+                        scale: None,
+                        softcap: None,
+                        is_causal: causal,
+                    };
+                    let expected =
+                        attention(q.clone(), k.clone(), v.clone(), mask.clone(), None, options);
+                    let got =
+                        attend_explicit(q.clone(), k.clone(), v.clone(), mask, causal, &no_dropout);
+                    got.into_data()
+                        .assert_approx_eq::<f32>(&expected.into_data(), Tolerance::default());
+                }
+            }
+        }
+    }
+}

@@ -119,7 +119,11 @@ mod tests {
 
     type TestBackend = Flex;
 
-    fn state() -> (Tensor<TestBackend, 4>, Tensor<TestBackend, 4>, Tensor<TestBackend, 4>) {
+    fn state() -> (
+        Tensor<TestBackend, 4>,
+        Tensor<TestBackend, 4>,
+        Tensor<TestBackend, 4>,
+    ) {
         let device = Default::default();
         let q = Tensor::random([2, 3, 4, 5], Distribution::Normal(0.0, 1.0), &device);
         let k = Tensor::random([2, 3, 4, 5], Distribution::Normal(0.0, 1.0), &device);

@@ -3,22 +3,27 @@
 
 use burn::backend::{Autodiff, Flex};
 use burn::module::Param;
-use burn::tensor::{Tensor, TensorData, backend::Backend};
+use burn::tensor::{DType, Tensor, TensorData, backend::Backend};
 use coupled_qk::CouplingNet;
 
 /// The fast CPU backend, f32.
 pub type Cpu = Flex;
-/// f64 with autodiff, for Jacobians and gradient checks.
-pub type Ad64 = Autodiff<Flex<f64>>;
-/// f64 without autodiff, for finite differences.
-pub type Cpu64 = Flex<f64>;
+/// With autodiff, for Jacobians and gradient checks on f64 tensors (Flex picks the element type
+/// per tensor: see [`tensor`]).
+pub type Ad64 = Autodiff<Flex>;
+/// Without autodiff, for finite differences on f64 tensors.
+pub type Cpu64 = Flex;
 
+/// An f64 tensor (whatever the backend's default float type).
 pub fn tensor<B: Backend, const D: usize>(
     values: &[f64],
     shape: [usize; D],
     device: &B::Device,
 ) -> Tensor<B, D> {
-    Tensor::from_data(TensorData::new(values.to_vec(), shape), device)
+    Tensor::from_data(
+        TensorData::new(values.to_vec(), shape),
+        (device, DType::F64),
+    )
 }
 
 pub fn values<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f64> {
