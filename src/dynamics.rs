@@ -225,6 +225,32 @@ impl<B: Backend> QkDynamics<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use burn::backend::Flex;
+    use burn::tensor::{Distribution, Tolerance};
+
+    type TestBackend = Flex;
+
+    #[test]
+    fn mlp_only_moves_the_query_by_f_and_leaves_the_key() {
+        let device = Default::default();
+        let dynamics = QkDynamics::<TestBackend>::try_init(
+            &DynamicsConfig::MlpOnly,
+            &CouplingNetConfig::new(4),
+            &StepSizeConfig::new(),
+            2,
+            &device,
+        )
+        .unwrap();
+        assert!(dynamics.step_size.is_none(), "MLP-only has no dt");
+        let q = Tensor::<TestBackend, 4>::random([2, 2, 3, 4], Distribution::Default, &device);
+        let k = Tensor::<TestBackend, 4>::random([2, 2, 3, 4], Distribution::Default, &device);
+        let (q1, k1) = dynamics.forward(q.clone(), k.clone());
+        let f = dynamics.coupling.as_ref().unwrap();
+        let expected = q.clone() + f.forward(q);
+        q1.into_data()
+            .assert_approx_eq::<f32>(&expected.into_data(), Tolerance::default());
+        k1.into_data().assert_eq(&k.into_data(), true);
+    }
 
     #[test]
     fn names_round_trip_through_from_str() {

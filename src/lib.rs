@@ -50,3 +50,8 @@ pub use dynamics::{DynamicsConfig, QkDynamics, Scheme};
 pub use error::ConfigError;
 pub use integrator::{Euler, Integrator, IntegratorKind, Leapfrog, PhaseSpace};
 pub use step_size::{StepSize, StepSizeConfig};
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -97,7 +97,7 @@ impl CoupledQkAttentionConfig {
                 return Err(ConfigError::new(NAME, field, 0, "must be at least 1"));
             }
         }
-        if self.d_model % self.n_heads != 0 {
+        if !self.d_model.is_multiple_of(self.n_heads) {
             return Err(ConfigError::new(
                 NAME,
                 "d_model",
@@ -114,7 +114,7 @@ impl CoupledQkAttentionConfig {
             ));
         }
         if let Some(rotary) = &self.rotary {
-            if self.d_head() % 2 != 0 {
+            if !self.d_head().is_multiple_of(2) {
                 return Err(ConfigError::new(
                     NAME,
                     "rotary",

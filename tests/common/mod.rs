@@ -73,10 +73,11 @@ pub fn det(mut m: Vec<Vec<f64>>) -> f64 {
             det = -det;
         }
         det *= m[col][col];
-        for row in col + 1..n {
-            let factor = m[row][col] / m[col][col];
-            for c in col..n {
-                m[row][c] -= factor * m[col][c];
+        let pivot_row = m[col].clone();
+        for row in m.iter_mut().skip(col + 1) {
+            let factor = row[col] / pivot_row[col];
+            for (x, p) in row[col..].iter_mut().zip(&pivot_row[col..]) {
+                *x -= factor * p;
             }
         }
     }
