@@ -54,10 +54,10 @@ fn layers<B: Backend>(
     out
 }
 
-fn configure(
-    c: &mut Criterion,
+fn configure<'a>(
+    c: &'a mut Criterion,
     name: &str,
-) -> criterion::BenchmarkGroup<'_, criterion::measurement::WallTime> {
+) -> criterion::BenchmarkGroup<'a, criterion::measurement::WallTime> {
     let mut group = c.benchmark_group(name);
     group
         .sample_size(10)

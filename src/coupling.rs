@@ -34,7 +34,7 @@ pub struct CouplingNetConfig {
 /// ```
 ///
 /// applied to every token of every head. With one net (the default) its weights are shared by
-/// all heads of a layer and it runs as one matrix product over `[batch·heads·seq, d_head]`; with
+/// all heads of a layer and it runs as one matrix product over `[batch·seq·heads, d_head]`; with
 /// one net per head, as a batched product over heads.
 ///
 /// # Params
@@ -113,41 +113,42 @@ impl<B: Backend> CouplingNet<B> {
     /// Applies `f` to every token of every head.
     ///
     /// # Shapes
-    /// - input: `[batch, heads, seq, d_head]`
-    /// - output: `[batch, heads, seq, d_head]`
+    /// - input: `[batch, seq, heads, d_head]` (token-major, as the projections produce it)
+    /// - output: `[batch, seq, heads, d_head]`
     ///
     /// # Panics
     /// If the input's last dimension is not `d_head`, or the net is per head and the input's
     /// head count differs.
     pub fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
         let [n, d, h] = self.w1.dims();
-        let [batch, heads, seq, d_in] = x.dims();
+        let [batch, seq, heads, d_in] = x.dims();
         assert_eq!(
             d_in,
             d,
-            "CouplingNet: expected input [batch, heads, seq, d_head = {d}], got {:?}",
-            [batch, heads, seq, d_in]
+            "CouplingNet: expected input [batch, seq, heads, d_head = {d}], got {:?}",
+            [batch, seq, heads, d_in]
         );
         if n == 1 {
             // One product over all tokens of all heads: the cheap, shared case.
-            let x = x.reshape([batch * heads * seq, d]);
+            let x = x.reshape([batch * seq * heads, d]);
             let w1 = self.w1.val().reshape([d, h]);
             let w2 = self.w2.val().reshape([h, d]);
             let hidden = silu(linear(x, w1, Some(self.b1.val().reshape([h]))));
-            linear(hidden, w2, Some(self.b2.val().reshape([d]))).reshape([batch, heads, seq, d])
+            linear(hidden, w2, Some(self.b2.val().reshape([d]))).reshape([batch, seq, heads, d])
         } else {
             assert_eq!(
                 heads,
                 n,
-                "CouplingNet: {n} per-head nets need input [batch, heads = {n}, seq, d_head], got {:?}",
-                [batch, heads, seq, d_in]
+                "CouplingNet: {n} per-head nets need input [batch, seq, heads = {n}, d_head], got {:?}",
+                [batch, seq, heads, d_in]
             );
+            let x = x.swap_dims(1, 2); // [batch, heads, seq, d]
             let w1 = self.w1.val().unsqueeze::<4>(); // [1, heads, d, h]
             let w2 = self.w2.val().unsqueeze::<4>(); // [1, heads, h, d]
             let b1 = self.b1.val().reshape([1, n, 1, h]);
             let b2 = self.b2.val().reshape([1, n, 1, d]);
             let hidden = silu(x.matmul(w1) + b1);
-            hidden.matmul(w2) + b2
+            (hidden.matmul(w2) + b2).swap_dims(1, 2)
         }
     }
 }
@@ -174,7 +175,7 @@ mod tests {
             .with_d_hidden(Some(6))
             .with_n_nets(3)
             .init::<TestBackend>(&device);
-        let x = Tensor::<TestBackend, 4>::random([2, 3, 5, 4], Distribution::Default, &device);
+        let x = Tensor::<TestBackend, 4>::random([2, 5, 3, 4], Distribution::Default, &device);
         let out = per_head.forward(x.clone());
         for head in 0..3 {
             let shared = CouplingNet::<TestBackend> {
@@ -183,9 +184,9 @@ mod tests {
                 w2: Param::from_tensor(per_head.w2.val().slice(head..head + 1)),
                 b2: Param::from_tensor(per_head.b2.val().slice(head..head + 1)),
             };
-            let expected = shared.forward(x.clone().slice([0..2, head..head + 1]));
+            let expected = shared.forward(x.clone().slice([0..2, 0..5, head..head + 1]));
             out.clone()
-                .slice([0..2, head..head + 1])
+                .slice([0..2, 0..5, head..head + 1])
                 .into_data()
                 .assert_approx_eq::<f32>(&expected.into_data(), Tolerance::default());
         }

@@ -39,6 +39,8 @@ pub mod coupling;
 pub mod dynamics;
 pub mod error;
 pub mod integrator;
+pub mod model;
+
 pub mod step_size;
 
 pub use attention::{

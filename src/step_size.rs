@@ -71,9 +71,9 @@ impl StepSizeConfig {
 }
 
 impl<B: Backend> StepSize<B> {
-    /// `dt` shaped to broadcast against `[batch, heads, seq, d_head]`: `[1, 1 or heads, 1, 1]`.
+    /// `dt` shaped to broadcast against `[batch, seq, heads, d_head]`: `[1, 1, 1 or heads, 1]`.
     pub fn broadcast(&self) -> Tensor<B, 4> {
         let [n] = self.dt.dims();
-        self.dt.val().reshape([1, n, 1, 1])
+        self.dt.val().reshape([1, 1, n, 1])
     }
 }

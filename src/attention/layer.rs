@@ -178,18 +178,26 @@ impl<B: Backend> CoupledQkAttention<B> {
     /// Projects to heads, then applies the dynamics and the rotary embedding in the configured
     /// order. Returns `(q, k, v)`, each `[batch, heads, seq, d_head]`.
     fn project(&self, x: Tensor<B, 3>, start: usize) -> (Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>) {
+        // Token-major [batch, seq, heads, d_head]: contiguous, where the dynamics run fastest.
         let q = self.split_heads(self.query.forward(x.clone()));
         let k = self.split_heads(self.key.forward(x.clone()));
-        let v = self.split_heads(self.value.forward(x));
+        let v = self.split_heads(self.value.forward(x)).swap_dims(1, 2);
         let (q, k) = match (&self.rotary, self.rotary_position) {
-            (None, _) => self.dynamics.forward(q, k),
-            (Some(rope), RotaryPosition::BeforeDynamics) => {
-                let (q, k) = (self.rotate(rope, q, start), self.rotate(rope, k, start));
-                self.dynamics.forward(q, k)
+            (None, _) => {
+                let (q, k) = self.dynamics.forward(q, k);
+                (q.swap_dims(1, 2), k.swap_dims(1, 2))
             }
             (Some(rope), RotaryPosition::AfterDynamics) => {
                 let (q, k) = self.dynamics.forward(q, k);
-                (self.rotate(rope, q, start), self.rotate(rope, k, start))
+                let rotate = |x: Tensor<B, 4>| self.rotate(rope, x.swap_dims(1, 2), start);
+                (rotate(q), rotate(k))
+            }
+            (Some(rope), RotaryPosition::BeforeDynamics) => {
+                // RoPE needs [.., seq, d_head]; rotate head-major, evolve token-major.
+                let rotate =
+                    |x: Tensor<B, 4>| self.rotate(rope, x.swap_dims(1, 2), start).swap_dims(1, 2);
+                let (q, k) = self.dynamics.forward(rotate(q), rotate(k));
+                (q.swap_dims(1, 2), k.swap_dims(1, 2))
             }
         };
         (q, k, v)
@@ -205,11 +213,10 @@ impl<B: Backend> CoupledQkAttention<B> {
         rope.apply(x, start)
     }
 
-    /// `[batch, seq, d_model]` → `[batch, heads, seq, d_head]`.
+    /// `[batch, seq, d_model]` → `[batch, seq, heads, d_head]` (a reshape, no copy).
     fn split_heads(&self, x: Tensor<B, 3>) -> Tensor<B, 4> {
         let [batch, seq, _] = x.dims();
         x.reshape([batch, seq, self.n_heads, self.d_head])
-            .swap_dims(1, 2)
     }
 
     /// `[batch, heads, seq, d_head]` → output projection of `[batch, seq, d_model]`.

@@ -1,9 +1,10 @@
 use super::{Force, Integrator, PhaseSpace};
 use burn::tensor::{Tensor, backend::Backend};
 
-/// The [`PhaseSpace`] of Burn tensors: queries and keys of shape `[batch, heads, seq, d_head]`.
+/// The [`PhaseSpace`] of Burn tensors: queries and keys of any rank-4 layout (the attention
+/// layer uses `[batch, seq, heads, d_head]`).
 ///
-/// `dt` is a tensor that broadcasts against them (`[1, heads, 1, 1]` for a step per head,
+/// `dt` is a tensor that broadcasts against them (`[1, 1, heads, 1]` for a step per head,
 /// `[1, 1, 1, 1]` for one per layer), so that gradients reach a learned step size.
 pub struct TensorPhaseSpace<'a, B: Backend> {
     q: Tensor<B, 4>,
@@ -92,9 +93,9 @@ pub struct Integration<B: Backend> {
 /// Advances `(q, k)` by `steps` steps of `integrator`, each of size `dt`, under the force `f`.
 ///
 /// # Shapes
-/// - `q`, `k`: `[batch, heads, seq, d_head]`
-/// - `dt`: broadcastable to `q` (`[1, heads, 1, 1]` or `[1, 1, 1, 1]`)
-/// - `f`: maps `[batch, heads, seq, d_head]` to the same shape
+/// - `q`, `k`: the same rank-4 shape, e.g. `[batch, seq, heads, d_head]`
+/// - `dt`: broadcastable to `q` (`[1, 1, heads, 1]` or `[1, 1, 1, 1]`)
+/// - `f`: maps `q`'s shape to itself
 pub fn integrate<B: Backend>(
     integrator: &dyn Integrator,
     q: Tensor<B, 4>,

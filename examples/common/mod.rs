@@ -1,0 +1,6 @@
+//! The experiment harness shared by the example programs.
+#![allow(dead_code, unused_imports)]
+
+pub mod atomic;
+pub mod mqar;
+pub mod schedule;

@@ -1,0 +1,11 @@
+//! The MQAR benchmark: data, one training run, the sweep and its report.
+
+mod data;
+mod report;
+mod sweep;
+mod train;
+
+pub use data::{IGNORE, MqarBatch, MqarTask};
+pub use report::{write_markdown, write_plot};
+pub use sweep::{RunKey, RunResult, Sweep, SweepResults};
+pub use train::{MqarRun, train};

@@ -1,0 +1,192 @@
+//! Multi-query associative recall (Zoology's MQAR): do coupled query-key dynamics recall where
+//! standard attention plateaus, as the paper reports?
+//!
+//! ```sh
+//! cargo run --release --example mqar                 # CPU sweep, ≈20 minutes on 2 cores
+//! cargo run --release --example mqar -- --full       # Zoology's figure-2 scale, for a GPU
+//! ```
+//!
+//! Writes `results.json` (every run), `results.md` (best learning rate per cell) and
+//! `accuracy.svg` to `--out`; rerunning skips finished runs.
+
+mod common;
+
+use clap::Parser;
+use common::mqar::{Sweep, write_markdown, write_plot};
+use coupled_qk::DynamicsConfig;
+use std::path::PathBuf;
+
+#[derive(Parser, Debug)]
+#[command(about = "MQAR associative-recall sweep over attention variants")]
+struct Args {
+    /// Zoology's figure-2 scale (vocab 8192, L/D 64/4 128/8 256/16, 100k examples, d_model
+    /// 64–512): hours on a GPU, far too long for a CPU.
+    #[arg(long)]
+    full: bool,
+    /// Output folder.
+    #[arg(long, default_value = "runs/mqar")]
+    out: PathBuf,
+    /// Variants, comma-separated: standard, mlp-only, euler, leapfrog.
+    #[arg(long, value_delimiter = ',')]
+    variants: Option<Vec<DynamicsConfig>>,
+    /// Integrator steps of the coupled variants.
+    #[arg(long, default_value_t = 1)]
+    steps_per_layer: usize,
+    /// Tasks as seq_len:kv_pairs, comma-separated (e.g. 64:4,64:8).
+    #[arg(long, value_delimiter = ',', value_parser = parse_task)]
+    tasks: Option<Vec<(usize, usize)>>,
+    /// Model widths, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    d_models: Option<Vec<usize>>,
+    /// Peak learning rates, comma-separated (the best per cell is reported).
+    #[arg(long, value_delimiter = ',')]
+    lrs: Option<Vec<f64>>,
+    /// Vocabulary size.
+    #[arg(long)]
+    vocab: Option<usize>,
+    /// Training steps per run at most (early stop at accuracy 0.99).
+    #[arg(long)]
+    steps: Option<usize>,
+    #[arg(long)]
+    batch_size: Option<usize>,
+    #[arg(long)]
+    train_examples: Option<usize>,
+    #[arg(long)]
+    test_examples: Option<usize>,
+    /// Attention heads per layer.
+    #[arg(long, default_value_t = 1)]
+    heads: usize,
+    #[arg(long, default_value_t = 2)]
+    layers: usize,
+    /// Give each block a GELU MLP (Zoology's figure 2 has none).
+    #[arg(long)]
+    mlp: bool,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+fn parse_task(s: &str) -> Result<(usize, usize), String> {
+    let (l, d) = s
+        .split_once(':')
+        .ok_or_else(|| format!("task `{s}`: expected seq_len:kv_pairs, e.g. 64:8"))?;
+    let parse = |x: &str| {
+        x.trim()
+            .parse::<usize>()
+            .map_err(|e| format!("task `{s}`: {e}"))
+    };
+    Ok((parse(l)?, parse(d)?))
+}
+
+fn main() {
+    let args = Args::parse();
+    let default_variants = vec![
+        DynamicsConfig::Standard,
+        DynamicsConfig::MlpOnly,
+        DynamicsConfig::euler(1),
+        DynamicsConfig::leapfrog(1),
+    ];
+    let sweep = if args.full {
+        Sweep {
+            vocab: args.vocab.unwrap_or(8192),
+            tasks: args
+                .tasks
+                .clone()
+                .unwrap_or(vec![(64, 4), (128, 8), (256, 16)]),
+            d_models: args.d_models.clone().unwrap_or(vec![64, 128, 256, 512]),
+            lrs: args.lrs.clone().unwrap_or(vec![1e-4, 3e-4, 1e-3, 3e-3]),
+            steps: args.steps.unwrap_or(100_000 / 64 * 64),
+            batch_size: args.batch_size.unwrap_or(64),
+            train_examples: args.train_examples.unwrap_or(100_000),
+            test_examples: args.test_examples.unwrap_or(3_000),
+            eval_every: 500,
+            ..base(&args, default_variants)
+        }
+    } else {
+        Sweep {
+            vocab: args.vocab.unwrap_or(512),
+            tasks: args.tasks.clone().unwrap_or(vec![
+                (64, 4),
+                (64, 8),
+                (64, 16),
+                (128, 16),
+                (128, 32),
+            ]),
+            d_models: args.d_models.clone().unwrap_or(vec![64]),
+            lrs: args.lrs.clone().unwrap_or(vec![1e-3, 3e-3]),
+            steps: args.steps.unwrap_or(600),
+            batch_size: args.batch_size.unwrap_or(64),
+            train_examples: args.train_examples.unwrap_or(20_000),
+            test_examples: args.test_examples.unwrap_or(500),
+            eval_every: 100,
+            ..base(&args, default_variants)
+        }
+    };
+    let out = &args.out;
+    let results = match run(&sweep, out, &args) {
+        Ok(results) => results,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::exit(1);
+        }
+    };
+    let header = format!(
+        "## MQAR sweep\n\nProduced by `cargo run --release --example mqar{}` on {}.",
+        std::env::args()
+            .skip(1)
+            .map(|a| format!(" {a}"))
+            .collect::<String>(),
+        std::env::consts::ARCH
+    );
+    let md = out.join("results.md");
+    let svg = out.join("accuracy.svg");
+    if let Err(e) = write_markdown(&results, &md, &header) {
+        eprintln!("error: cannot write {}: {e}", md.display());
+        std::process::exit(1);
+    }
+    if let Err(e) = write_plot(&results, &svg) {
+        eprintln!("error: cannot draw {}: {e}", svg.display());
+        std::process::exit(1);
+    }
+    println!("{}", std::fs::read_to_string(&md).unwrap_or_default());
+    println!(
+        "wrote {}, {} and {}",
+        out.join("results.json").display(),
+        md.display(),
+        svg.display()
+    );
+}
+
+fn base(args: &Args, default_variants: Vec<DynamicsConfig>) -> Sweep {
+    Sweep {
+        vocab: 0,
+        tasks: vec![],
+        variants: args
+            .variants
+            .clone()
+            .unwrap_or(default_variants)
+            .into_iter()
+            .map(|v| v.with_steps(args.steps_per_layer))
+            .collect(),
+        d_models: vec![],
+        lrs: vec![],
+        n_heads: args.heads,
+        n_layers: args.layers,
+        mlp: args.mlp,
+        batch_size: 0,
+        train_examples: 0,
+        test_examples: 0,
+        steps: 0,
+        eval_every: 0,
+        seed: args.seed,
+    }
+}
+
+fn run(
+    sweep: &Sweep,
+    out: &std::path::Path,
+    _args: &Args,
+) -> Result<common::mqar::SweepResults, String> {
+    use burn::backend::{Autodiff, Flex};
+    eprintln!("backend: Flex (CPU)");
+    sweep.execute::<Autodiff<Flex>>(out, &Default::default())
+}

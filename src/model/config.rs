@@ -1,0 +1,217 @@
+use super::gpt::{Block, Gpt, Mlp, Norm};
+use crate::attention::{CoupledQkAttentionConfig, RotaryConfig, RotaryPosition};
+use crate::dynamics::DynamicsConfig;
+use crate::error::{ConfigError, or_panic};
+use crate::step_size::StepSizeConfig;
+use burn::config::Config;
+use burn::module::Initializer;
+use burn::nn::{EmbeddingConfig, LayerNormConfig, LinearConfig, RmsNormConfig};
+use burn::tensor::backend::Backend;
+use serde::{Deserialize, Serialize};
+use std::str::FromStr;
+
+/// How the model knows positions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Positions {
+    /// A learned embedding per position, added to the token embedding (GPT-2).
+    Learned,
+    /// Rotary embedding inside every attention layer.
+    Rotary,
+}
+
+/// The normalisation of the pre-norm blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NormKind {
+    /// Burn's `LayerNorm` (GPT-2).
+    LayerNorm,
+    /// Burn's `RmsNorm`.
+    RmsNorm,
+}
+
+/// The model sizes of the experiments. The paper gives parameter counts, not shapes: these are
+/// our reconstruction (see docs/).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Preset {
+    /// d_model 128, 4 layers, 4 × 32 heads, context 256: CPU-scale runs.
+    #[serde(rename = "tiny")]
+    Tiny,
+    /// d_model 576, 8 layers, 9 × 64 heads, context 512 (≈60.9M parameters with GPT-2's vocabulary).
+    #[serde(rename = "60m")]
+    M60,
+    /// d_model 768, 16 layers, 12 × 64 heads, context 1024.
+    #[serde(rename = "150m")]
+    M150,
+    /// d_model 1024, 24 layers, 16 × 64 heads, context 1024.
+    #[serde(rename = "350m")]
+    M350,
+}
+
+impl FromStr for Preset {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "tiny" => Ok(Self::Tiny),
+            "60m" => Ok(Self::M60),
+            "150m" => Ok(Self::M150),
+            "350m" => Ok(Self::M350),
+            other => Err(format!(
+                "unknown preset `{other}`: expected tiny, 60m, 150m or 350m"
+            )),
+        }
+    }
+}
+
+/// Configuration of a [`Gpt`] decoder.
+#[derive(Config, Debug)]
+pub struct GptConfig {
+    /// The vocabulary size.
+    pub vocab_size: usize,
+    /// The model width.
+    pub d_model: usize,
+    /// The number of blocks.
+    pub n_layers: usize,
+    /// The attention heads per block.
+    pub n_heads: usize,
+    /// The longest sequence the model reads.
+    pub context: usize,
+    /// The attention variant of every block.
+    #[config(default = "DynamicsConfig::default()")]
+    pub dynamics: DynamicsConfig,
+    /// The step size of the coupled variants.
+    #[config(default = "StepSizeConfig::new()")]
+    pub dt: StepSizeConfig,
+    /// The coupling net's hidden width (`None`: `d_head`).
+    #[config(default = "None")]
+    pub coupling_hidden: Option<usize>,
+    /// Learned positions (GPT-2) or rotary.
+    #[config(default = "Positions::Learned")]
+    pub positions: Positions,
+    /// With rotary positions: before or after the dynamics.
+    #[config(default = "RotaryPosition::AfterDynamics")]
+    pub rotary_position: RotaryPosition,
+    /// LayerNorm (GPT-2) or RmsNorm.
+    #[config(default = "NormKind::LayerNorm")]
+    pub norm: NormKind,
+    /// The MLP's hidden width as a multiple of `d_model`; 0 removes the MLP (attention-only
+    /// blocks, Zoology's MQAR setting).
+    #[config(default = 4)]
+    pub mlp_ratio: usize,
+    /// Share the LM head's weights with the token embedding.
+    #[config(default = true)]
+    pub tie_embeddings: bool,
+    /// Dropout on attention weights.
+    #[config(default = 0.0)]
+    pub dropout: f64,
+}
+
+const NAME: &str = "GptConfig";
+/// GPT-2's initialisation: N(0, 0.02).
+const INIT_STD: f64 = 0.02;
+
+impl GptConfig {
+    /// A preset's shape for a vocabulary of `vocab_size` (the tokenizer decides it).
+    pub fn preset(preset: Preset, vocab_size: usize) -> Self {
+        let (d_model, n_layers, n_heads, context) = match preset {
+            Preset::Tiny => (128, 4, 4, 256),
+            Preset::M60 => (576, 8, 9, 512),
+            Preset::M150 => (768, 16, 12, 1024),
+            Preset::M350 => (1024, 24, 16, 1024),
+        };
+        Self::new(vocab_size, d_model, n_layers, n_heads, context)
+    }
+
+    /// The config of every block's attention layer.
+    pub fn attention(&self) -> CoupledQkAttentionConfig {
+        let rotary = (self.positions == Positions::Rotary)
+            .then(|| RotaryConfig::new(self.context).with_position(self.rotary_position));
+        CoupledQkAttentionConfig::new(self.d_model, self.n_heads)
+            .with_dynamics(self.dynamics.clone())
+            .with_dt(self.dt.clone())
+            .with_coupling_hidden(self.coupling_hidden)
+            .with_rotary(rotary)
+            .with_causal(true)
+            .with_dropout(self.dropout)
+            .with_initializer(normal(INIT_STD))
+    }
+
+    /// Checks every field, the attention layer's included.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        for (field, value) in [
+            ("vocab_size", self.vocab_size),
+            ("n_layers", self.n_layers),
+            ("context", self.context),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::new(NAME, field, 0, "must be at least 1"));
+            }
+        }
+        self.attention().validate()
+    }
+
+    /// Builds the model, or says which field is invalid.
+    pub fn try_init<B: Backend>(&self, device: &B::Device) -> Result<Gpt<B>, ConfigError> {
+        self.validate()?;
+        let d = self.d_model;
+        // GPT-2 scales the init of the projections into the residual stream by 1/√(2·layers).
+        let residual = normal(INIT_STD / (2.0 * self.n_layers as f64).sqrt());
+        let norm = || match self.norm {
+            NormKind::LayerNorm => Norm::Layer(LayerNormConfig::new(d).init(device)),
+            NormKind::RmsNorm => Norm::Rms(RmsNormConfig::new(d).init(device)),
+        };
+        let blocks = (0..self.n_layers)
+            .map(|_| {
+                let mut attention = self.attention().try_init(device)?;
+                attention.output = LinearConfig::new(d, d)
+                    .with_initializer(residual.clone())
+                    .init(device);
+                let mlp = (self.mlp_ratio > 0).then(|| Mlp {
+                    up: LinearConfig::new(d, self.mlp_ratio * d)
+                        .with_initializer(normal(INIT_STD))
+                        .init(device),
+                    down: LinearConfig::new(self.mlp_ratio * d, d)
+                        .with_initializer(residual.clone())
+                        .init(device),
+                    gelu: burn::nn::Gelu::new(),
+                });
+                Ok(Block {
+                    norm_attention: norm(),
+                    attention,
+                    norm_mlp: mlp.as_ref().map(|_| norm()),
+                    mlp,
+                })
+            })
+            .collect::<Result<Vec<_>, ConfigError>>()?;
+        let embedding = |n| {
+            EmbeddingConfig::new(n, d)
+                .with_initializer(normal(INIT_STD))
+                .init(device)
+        };
+        Ok(Gpt {
+            tokens: embedding(self.vocab_size),
+            positions: (self.positions == Positions::Learned).then(|| embedding(self.context)),
+            blocks,
+            norm: norm(),
+            head: (!self.tie_embeddings).then(|| {
+                LinearConfig::new(d, self.vocab_size)
+                    .with_bias(false)
+                    .with_initializer(normal(INIT_STD))
+                    .init(device)
+            }),
+            context: self.context,
+        })
+    }
+
+    /// Builds the model.
+    ///
+    /// # Panics
+    /// If a field is invalid.
+    pub fn init<B: Backend>(&self, device: &B::Device) -> Gpt<B> {
+        or_panic(self.try_init(device))
+    }
+}
+
+fn normal(std: f64) -> Initializer {
+    Initializer::Normal { mean: 0.0, std }
+}

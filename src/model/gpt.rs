@@ -1,0 +1,130 @@
+//! A GPT-style decoder: embeddings, pre-norm blocks of [`CoupledQkAttention`] and a GELU MLP,
+//! a final norm and an LM head tied to the token embedding. Shapes in comments: `b` batch,
+//! `s` sequence, `d` d_model, `v` vocabulary.
+
+use crate::attention::CoupledQkAttention;
+use burn::module::Module;
+use burn::nn::{Embedding, Gelu, LayerNorm, Linear, RmsNorm};
+use burn::tensor::{Int, Tensor, backend::Backend};
+
+/// LayerNorm or RmsNorm.
+#[derive(Module, Debug)]
+#[allow(clippy::large_enum_variant)]
+pub enum Norm<B: Backend> {
+    /// Burn's `LayerNorm`.
+    Layer(LayerNorm<B>),
+    /// Burn's `RmsNorm`.
+    Rms(RmsNorm<B>),
+}
+
+impl<B: Backend> Norm<B> {
+    fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        match self {
+            Norm::Layer(norm) => norm.forward(x),
+            Norm::Rms(norm) => norm.forward(x),
+        }
+    }
+}
+
+/// `d → r·d → d` with GELU.
+#[derive(Module, Debug)]
+pub struct Mlp<B: Backend> {
+    /// `d → r·d`.
+    pub up: Linear<B>,
+    /// `r·d → d`, into the residual stream.
+    pub down: Linear<B>,
+    /// The activation.
+    pub gelu: Gelu,
+}
+
+/// `x + attention(norm(x))`, then `x + mlp(norm(x))` when the block has an MLP.
+#[derive(Module, Debug)]
+pub struct Block<B: Backend> {
+    /// Before attention.
+    pub norm_attention: Norm<B>,
+    /// Causal self-attention, any variant.
+    pub attention: CoupledQkAttention<B>,
+    /// Before the MLP.
+    pub norm_mlp: Option<Norm<B>>,
+    /// The MLP (absent in attention-only models).
+    pub mlp: Option<Mlp<B>>,
+}
+
+impl<B: Backend> Block<B> {
+    fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        let x = x.clone() + self.attention.forward(self.norm_attention.forward(x)); // [b, s, d]
+        match (&self.norm_mlp, &self.mlp) {
+            (Some(norm), Some(mlp)) => {
+                let h = mlp.gelu.forward(mlp.up.forward(norm.forward(x.clone()))); // [b, s, r·d]
+                x + mlp.down.forward(h)
+            }
+            _ => x,
+        }
+    }
+}
+
+/// A GPT-style decoder built by [`GptConfig`](super::GptConfig).
+#[derive(Module, Debug)]
+pub struct Gpt<B: Backend> {
+    /// Token embedding `[v, d]` (also the LM head when tied).
+    pub tokens: Embedding<B>,
+    /// Learned position embedding `[context, d]`, absent with rotary positions.
+    pub positions: Option<Embedding<B>>,
+    /// The blocks.
+    pub blocks: Vec<Block<B>>,
+    /// The final norm.
+    pub norm: Norm<B>,
+    /// An untied LM head `d → v`; `None` when tied to the token embedding.
+    pub head: Option<Linear<B>>,
+    /// The longest sequence the model reads.
+    pub context: usize,
+}
+
+impl<B: Backend> Gpt<B> {
+    /// Next-token logits.
+    ///
+    /// # Shapes
+    /// - `tokens`: `[batch, seq]`, `seq <= context`
+    /// - output: `[batch, seq, vocab]`
+    ///
+    /// # Panics
+    /// If `seq` exceeds the context.
+    pub fn forward(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
+        let [batch, seq] = tokens.dims();
+        assert!(
+            seq <= self.context,
+            "Gpt: a sequence of {seq} tokens exceeds the context of {}",
+            self.context
+        );
+        let device = tokens.device();
+        let mut x = self.tokens.forward(tokens); // [b, s, d]
+        if let Some(positions) = &self.positions {
+            let index = Tensor::<B, 1, Int>::arange(0..seq as i64, &device)
+                .reshape([1, seq])
+                .expand([batch, seq]);
+            x = x + positions.forward(index); // [b, s, d]
+        }
+        for block in &self.blocks {
+            x = block.forward(x);
+        }
+        let x = self.norm.forward(x); // [b, s, d]
+        match &self.head {
+            Some(head) => head.forward(x),
+            None => {
+                let [b, s, d] = x.dims();
+                let table = self.tokens.weight.val(); // [v, d]
+                x.reshape([b * s, d])
+                    .matmul(table.transpose())
+                    .reshape([b, s, 0]) // [b, s, v]
+            }
+        }
+    }
+
+    /// The parameters the dynamics add over the same model with standard attention.
+    pub fn extra_num_params(&self) -> usize {
+        self.blocks
+            .iter()
+            .map(|b| b.attention.extra_num_params())
+            .sum()
+    }
+}
