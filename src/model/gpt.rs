@@ -113,9 +113,10 @@ impl<B: Backend> Gpt<B> {
             None => {
                 let [b, s, d] = x.dims();
                 let table = self.tokens.weight.val(); // [v, d]
+                let v = table.dims()[0];
                 x.reshape([b * s, d])
                     .matmul(table.transpose())
-                    .reshape([b, s, 0]) // [b, s, v]
+                    .reshape([b, s, v])
             }
         }
     }

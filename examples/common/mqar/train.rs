@@ -82,7 +82,8 @@ pub fn accuracy<B: Backend>(model: &Gpt<B>, data: &MqarBatch, batch_size: usize)
     for start in (0..data.n).step_by(batch_size) {
         let batch = data.slice(start..(start + batch_size).min(data.n));
         let (inputs, targets, weight) = tensors::<B>(&batch, &device);
-        let predicted = model.forward(inputs).argmax(2).flatten::<1>(0, 1); // [n·L]
+        let n = batch.n * batch.seq_len;
+        let predicted = model.forward(inputs).argmax(2).reshape([n]); // [n·L]
         let hits = predicted.equal(targets).float() * weight.clone();
         correct += hits.sum().into_scalar().elem::<f64>();
         total += weight.sum().into_scalar().elem::<f64>();
@@ -138,7 +139,8 @@ pub fn train<B: AutodiffBackend>(
         let batch =
             train_set.slice(b * run.batch_size..((b + 1) * run.batch_size).min(train_set.n));
         let (inputs, targets, weight) = tensors::<B>(&batch, device);
-        let logits = model.forward(inputs).flatten::<2>(0, 1); // [n·L, V]
+        let n = batch.n * batch.seq_len;
+        let logits = model.forward(inputs).reshape([n, run.task.vocab]); // [n·L, V]
         let loss = masked_cross_entropy(logits, targets, weight);
         let grads = GradientsParams::from_grads(loss.backward(), &model);
         model = optimizer.step(schedule.at(step), model, grads);
