@@ -1,0 +1,114 @@
+//! The GPT-style decoder: parameter counts of the presets, causality, heads and options.
+
+use burn::module::Module;
+use burn::tensor::{Int, Tensor, TensorData};
+use coupled_qk::DynamicsConfig;
+use coupled_qk::model::{Gpt, GptConfig, Positions, Preset};
+
+type B = burn::backend::Flex;
+
+const GPT2_VOCAB: usize = 50257;
+
+/// Parameters of a block, counted by hand: attention (4 linear with bias), MLP (2 linear with
+/// bias), two LayerNorms (gamma + beta).
+fn block_params(d: usize) -> usize {
+    4 * (d * d + d) + (d * 4 * d + 4 * d) + (4 * d * d + d) + 2 * 2 * d
+}
+
+#[test]
+fn the_60m_preset_has_60m_parameters_and_the_coupling_adds_0_11_percent() {
+    let config = GptConfig::preset(Preset::M60, GPT2_VOCAB);
+    let standard = config
+        .clone()
+        .with_dynamics(DynamicsConfig::Standard)
+        .init::<B>(&Default::default());
+    let (d, layers, context) = (576, 8, 512);
+    let expected = GPT2_VOCAB * d + context * d + layers * block_params(d) + 2 * d;
+    assert_eq!(standard.num_params(), expected);
+    assert!((60_500_000..61_500_000).contains(&expected), "{expected}");
+    drop(standard);
+    let euler = config.init::<B>(&Default::default());
+    let extra = euler.extra_num_params();
+    assert_eq!(extra, layers * (64 * 64 * 2 + 64 + 64 + 1));
+    let fraction = extra as f64 / expected as f64;
+    assert!((0.0010..0.0012).contains(&fraction), "{fraction}");
+}
+
+#[test]
+fn presets_have_the_documented_shapes() {
+    for (preset, shape) in [
+        (Preset::Tiny, (128, 4, 4, 256)),
+        (Preset::M60, (576, 8, 9, 512)),
+        (Preset::M150, (768, 16, 12, 1024)),
+        (Preset::M350, (1024, 24, 16, 1024)),
+    ] {
+        let c = GptConfig::preset(preset, 256);
+        assert_eq!((c.d_model, c.n_layers, c.n_heads, c.context), shape, "{preset:?}");
+        assert_eq!(c.attention().d_head(), if preset == Preset::Tiny { 32 } else { 64 });
+    }
+    assert_eq!("60m".parse::<Preset>().unwrap(), Preset::M60);
+    assert!("70m".parse::<Preset>().unwrap_err().contains("tiny"));
+}
+
+fn tokens(values: &[i64], batch: usize) -> Tensor<B, 2, Int> {
+    let seq = values.len() / batch;
+    Tensor::from_data(TensorData::new(values.to_vec(), [batch, seq]), &Default::default())
+}
+
+fn tiny(positions: Positions, mlp_ratio: usize, tie: bool) -> Gpt<B> {
+    GptConfig::new(32, 16, 2, 2, 12)
+        .with_positions(positions)
+        .with_mlp_ratio(mlp_ratio)
+        .with_tie_embeddings(tie)
+        .with_dt(coupled_qk::StepSizeConfig::new().with_init(0.5))
+        .init(&Default::default())
+}
+
+#[test]
+fn logits_do_not_depend_on_future_tokens() {
+    for positions in [Positions::Learned, Positions::Rotary] {
+        let model = tiny(positions, 4, true);
+        let a = model.forward(tokens(&[1, 5, 9, 3, 7, 2, 8, 4], 1));
+        let b = model.forward(tokens(&[1, 5, 9, 3, 0, 0, 31, 30], 1));
+        let (a, b) = (
+            a.slice([0..1, 0..4]).into_data(),
+            b.slice([0..1, 0..4]).into_data(),
+        );
+        a.assert_approx_eq::<f32>(&b, burn::tensor::Tolerance::default());
+    }
+}
+
+#[test]
+fn the_tied_head_reuses_the_embedding_and_the_untied_one_has_its_own() {
+    let tied = tiny(Positions::Learned, 4, true);
+    let untied = tiny(Positions::Learned, 4, false);
+    assert!(tied.head.is_none());
+    assert_eq!(untied.num_params(), tied.num_params() + 16 * 32);
+    let logits = tied.forward(tokens(&[1, 2, 3, 4, 5, 6], 2));
+    assert_eq!(logits.dims(), [2, 3, 32]);
+}
+
+#[test]
+fn mlp_ratio_zero_builds_attention_only_blocks() {
+    let model = tiny(Positions::Rotary, 0, true);
+    assert!(model.blocks.iter().all(|b| b.mlp.is_none() && b.norm_mlp.is_none()));
+    assert!(model.positions.is_none());
+    assert_eq!(model.forward(tokens(&[1, 2, 3], 1)).dims(), [1, 3, 32]);
+}
+
+#[test]
+fn initial_loss_is_near_log_vocab() {
+    // GPT-2 initialisation (std 0.02): near-uniform predictions, not the ≈20 of Burn's N(0, 1)
+    // embedding with a tied head.
+    let model = tiny(Positions::Learned, 4, true);
+    let logits = model.forward(tokens(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], 1));
+    let log_p = burn::tensor::activation::log_softmax(logits.reshape([12, 32]), 1);
+    let mean_nll = -log_p.mean().into_scalar();
+    assert!((mean_nll - (32f32).ln()).abs() < 0.1, "{mean_nll}");
+}
+
+#[test]
+#[should_panic(expected = "exceeds the context of 12")]
+fn a_too_long_sequence_names_the_context() {
+    tiny(Positions::Learned, 4, true).forward(tokens(&[1; 13], 1));
+}
