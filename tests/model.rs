@@ -43,8 +43,15 @@ fn presets_have_the_documented_shapes() {
         (Preset::M350, (1024, 24, 16, 1024)),
     ] {
         let c = GptConfig::preset(preset, 256);
-        assert_eq!((c.d_model, c.n_layers, c.n_heads, c.context), shape, "{preset:?}");
-        assert_eq!(c.attention().d_head(), if preset == Preset::Tiny { 32 } else { 64 });
+        assert_eq!(
+            (c.d_model, c.n_layers, c.n_heads, c.context),
+            shape,
+            "{preset:?}"
+        );
+        assert_eq!(
+            c.attention().d_head(),
+            if preset == Preset::Tiny { 32 } else { 64 }
+        );
     }
     assert_eq!("60m".parse::<Preset>().unwrap(), Preset::M60);
     assert!("70m".parse::<Preset>().unwrap_err().contains("tiny"));
@@ -52,7 +59,10 @@ fn presets_have_the_documented_shapes() {
 
 fn tokens(values: &[i64], batch: usize) -> Tensor<B, 2, Int> {
     let seq = values.len() / batch;
-    Tensor::from_data(TensorData::new(values.to_vec(), [batch, seq]), &Default::default())
+    Tensor::from_data(
+        TensorData::new(values.to_vec(), [batch, seq]),
+        &Default::default(),
+    )
 }
 
 fn tiny(positions: Positions, mlp_ratio: usize, tie: bool) -> Gpt<B> {
@@ -91,7 +101,12 @@ fn the_tied_head_reuses_the_embedding_and_the_untied_one_has_its_own() {
 #[test]
 fn mlp_ratio_zero_builds_attention_only_blocks() {
     let model = tiny(Positions::Rotary, 0, true);
-    assert!(model.blocks.iter().all(|b| b.mlp.is_none() && b.norm_mlp.is_none()));
+    assert!(
+        model
+            .blocks
+            .iter()
+            .all(|b| b.mlp.is_none() && b.norm_mlp.is_none())
+    );
     assert!(model.positions.is_none());
     assert_eq!(model.forward(tokens(&[1, 2, 3], 1)).dims(), [1, 3, 32]);
 }

@@ -174,3 +174,49 @@ fn a_short_run_learns_that_labels_are_values() {
     assert!((0.0..=1.0).contains(&outcome.accuracy));
     assert_eq!(outcome.extra_params, 2 * (16 * 16 * 2 + 16 + 16 + 1));
 }
+
+#[test]
+fn a_sweep_resumes_and_refuses_a_different_one() {
+    use burn::backend::{Autodiff, Flex};
+    use common::mqar::Sweep;
+    let dir = std::env::temp_dir().join(format!("coupled-qk-sweep-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let sweep = Sweep {
+        vocab: 16,
+        tasks: vec![(8, 2)],
+        variants: vec![coupled_qk::DynamicsConfig::Standard],
+        d_models: vec![8],
+        lrs: vec![1e-3, 3e-3],
+        n_heads: 1,
+        n_layers: 1,
+        mlp: false,
+        batch_size: 8,
+        train_examples: 16,
+        test_examples: 8,
+        steps: 2,
+        eval_every: 2,
+        seeds: vec![0],
+    };
+    let device = Default::default();
+    let first = sweep.execute::<Autodiff<Flex>>(&dir, &device).unwrap();
+    assert_eq!(first.runs.len(), 2);
+    // Drop one run, as an interrupted sweep would have: the rerun does only that one.
+    let mut partial = first.clone();
+    let kept = partial.runs.remove(1);
+    std::fs::write(
+        dir.join("results.json"),
+        serde_json::to_vec(&partial).unwrap(),
+    )
+    .unwrap();
+    let second = sweep.execute::<Autodiff<Flex>>(&dir, &device).unwrap();
+    assert_eq!(second.runs.len(), 2);
+    assert_eq!(
+        second.runs[0].outcome.seconds, first.runs[0].outcome.seconds,
+        "re-ran a finished run"
+    );
+    assert_eq!(second.runs[1].key, kept.key);
+    let other = Sweep { steps: 3, ..sweep };
+    let err = other.execute::<Autodiff<Flex>>(&dir, &device).unwrap_err();
+    assert!(err.contains("different sweep"), "{err}");
+    std::fs::remove_dir_all(dir).unwrap();
+}

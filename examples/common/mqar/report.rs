@@ -6,12 +6,13 @@ use plotters::prelude::*;
 use std::fmt::Write as _;
 use std::path::Path;
 
-/// The best run (highest accuracy, then fewest steps) over learning rates, per cell.
+/// The best run (highest accuracy, then fewest steps) over learning rates, per cell and seed.
 fn best<'a>(
     results: &'a SweepResults,
     variant: &str,
     task: (usize, usize),
     d_model: usize,
+    seed: u64,
 ) -> Option<&'a RunResult> {
     results
         .runs
@@ -20,12 +21,34 @@ fn best<'a>(
             r.key.variant.name() == variant
                 && (r.key.seq_len, r.key.kv_pairs) == task
                 && r.key.d_model == d_model
+                && r.key.seed == seed
         })
         .max_by(|a, b| {
             (a.outcome.accuracy, -(a.outcome.steps as f64))
                 .partial_cmp(&(b.outcome.accuracy, -(b.outcome.steps as f64)))
                 .unwrap()
         })
+}
+
+/// The per-seed best runs of a cell.
+fn per_seed<'a>(
+    results: &'a SweepResults,
+    variant: &str,
+    task: (usize, usize),
+    d_model: usize,
+) -> Vec<&'a RunResult> {
+    results
+        .sweep
+        .seeds
+        .iter()
+        .filter_map(|&seed| best(results, variant, task, d_model, seed))
+        .collect()
+}
+
+/// Mean best accuracy over the seeds that ran.
+fn mean_accuracy(runs: &[&RunResult]) -> Option<f64> {
+    (!runs.is_empty())
+        .then(|| runs.iter().map(|r| r.outcome.accuracy).sum::<f64>() / runs.len() as f64)
 }
 
 fn variant_names(results: &SweepResults) -> Vec<&'static str> {
@@ -42,9 +65,10 @@ pub fn write_markdown(results: &SweepResults, path: &Path, header: &str) -> std:
     writeln!(
         md,
         "Vocabulary {}, {} layers, {} head(s), {}, batch {}, {} training / {} test examples, \
-         at most {} steps, learning rates {:?}, weight decay 0.1, seed {}. Each cell: the best \
-         test accuracy over learning rates (mean over query positions), and in brackets the \
-         steps to reach 0.99 (— if never).\n",
+         at most {} steps, learning rates {:?}, weight decay 0.1, seeds {:?}. Each cell: per \
+         seed, the best test accuracy over learning rates (mean over query positions) with the \
+         steps to reach 0.99 in brackets (— if never); then the mean over seeds and how many \
+         seeds reached 0.99.\n",
         s.vocab,
         s.n_layers,
         s.n_heads,
@@ -58,7 +82,7 @@ pub fn write_markdown(results: &SweepResults, path: &Path, header: &str) -> std:
         s.test_examples,
         s.steps,
         s.lrs,
-        s.seed
+        s.seeds
     )
     .unwrap();
     for &d_model in &s.d_models {
@@ -68,15 +92,28 @@ pub fn write_markdown(results: &SweepResults, path: &Path, header: &str) -> std:
         for &task in &s.tasks {
             let cells: Vec<String> = names
                 .iter()
-                .map(|v| match best(results, v, task, d_model) {
-                    Some(r) => format!(
-                        "{:.3} ({})",
-                        r.outcome.accuracy,
-                        r.outcome
-                            .steps_to_99
-                            .map_or("—".to_string(), |n| n.to_string())
-                    ),
-                    None => "not run".to_string(),
+                .map(|v| {
+                    let runs = per_seed(results, v, task, d_model);
+                    let Some(mean) = mean_accuracy(&runs) else {
+                        return "not run".to_string();
+                    };
+                    let each: Vec<String> = runs
+                        .iter()
+                        .map(|r| {
+                            let steps =
+                                r.outcome.steps_to_99.map_or("—".into(), |n| n.to_string());
+                            format!("{:.3} ({steps})", r.outcome.accuracy)
+                        })
+                        .collect();
+                    let solved = runs
+                        .iter()
+                        .filter(|r| r.outcome.steps_to_99.is_some())
+                        .count();
+                    format!(
+                        "{}; mean {mean:.3}, {solved}/{} ≥ 0.99",
+                        each.join(", "),
+                        runs.len()
+                    )
                 })
                 .collect();
             writeln!(md, "| {} | {} | {} |", task.0, task.1, cells.join(" | ")).unwrap();
@@ -86,7 +123,8 @@ pub fn write_markdown(results: &SweepResults, path: &Path, header: &str) -> std:
     atomic::write(path, md.as_bytes())
 }
 
-/// `accuracy.svg`: best accuracy per task (easy to hard) for each variant, one panel per width.
+/// `accuracy.svg`: mean (over seeds) best accuracy per task (easy to hard) for each variant, one
+/// panel per width.
 pub fn write_plot(results: &SweepResults, path: &Path) -> Result<(), String> {
     let s = &results.sweep;
     let names = variant_names(results);
@@ -116,7 +154,7 @@ pub fn write_plot(results: &SweepResults, path: &Path) -> Result<(), String> {
                         String::new()
                     }
                 })
-                .y_desc("test accuracy")
+                .y_desc("test accuracy (mean over seeds)")
                 .draw()
                 .map_err(|e| e.to_string())?;
             for (c, name) in names.iter().enumerate() {
@@ -126,7 +164,7 @@ pub fn write_plot(results: &SweepResults, path: &Path) -> Result<(), String> {
                     .iter()
                     .enumerate()
                     .filter_map(|(i, &t)| {
-                        best(results, name, t, d_model).map(|r| (i as f64, r.outcome.accuracy))
+                        mean_accuracy(&per_seed(results, name, t, d_model)).map(|a| (i as f64, a))
                     })
                     .collect();
                 chart

@@ -27,7 +27,9 @@ pub struct Sweep {
     pub test_examples: usize,
     pub steps: usize,
     pub eval_every: usize,
-    pub seed: u64,
+    /// Every cell runs once per seed: whether and when a run leaves the MQAR plateau varies from
+    /// seed to seed, so one seed says little.
+    pub seeds: Vec<u64>,
 }
 
 /// Identifies one run of a sweep.
@@ -38,6 +40,7 @@ pub struct RunKey {
     pub kv_pairs: usize,
     pub d_model: usize,
     pub lr: f64,
+    pub seed: u64,
 }
 
 /// One finished run.
@@ -55,20 +58,24 @@ pub struct SweepResults {
 }
 
 impl Sweep {
-    /// Every run of the sweep, in order: task, width, variant, learning rate.
+    /// Every run of the sweep, in order: task, width, seed, variant, learning rate (so that an
+    /// interrupted sweep has compared the variants on the first seeds).
     pub fn keys(&self) -> Vec<RunKey> {
         let mut keys = Vec::new();
         for &(seq_len, kv_pairs) in &self.tasks {
             for &d_model in &self.d_models {
-                for variant in &self.variants {
-                    for &lr in &self.lrs {
-                        keys.push(RunKey {
-                            variant: variant.clone(),
-                            seq_len,
-                            kv_pairs,
-                            d_model,
-                            lr,
-                        });
+                for &seed in &self.seeds {
+                    for variant in &self.variants {
+                        for &lr in &self.lrs {
+                            keys.push(RunKey {
+                                variant: variant.clone(),
+                                seq_len,
+                                kv_pairs,
+                                d_model,
+                                lr,
+                                seed,
+                            });
+                        }
                     }
                 }
             }
@@ -107,7 +114,7 @@ impl Sweep {
             test_examples: self.test_examples,
             steps: self.steps,
             eval_every: self.eval_every,
-            seed: self.seed,
+            seed: key.seed,
         }
     }
 
@@ -149,14 +156,15 @@ impl Sweep {
         for (i, key) in todo.iter().enumerate() {
             let progress = ProgressBar::new(self.steps as u64).with_style(style.clone());
             progress.set_prefix(format!(
-                "{}/{} {} L{} D{} d{} lr{:.0e}",
+                "{}/{} {} L{} D{} d{} lr{:.0e} s{}",
                 i + 1,
                 todo.len(),
                 key.variant.name(),
                 key.seq_len,
                 key.kv_pairs,
                 key.d_model,
-                key.lr
+                key.lr,
+                key.seed
             ));
             let outcome = train::<B>(&self.run(key), device, &progress);
             progress.finish_with_message(format!(
