@@ -28,11 +28,12 @@ fn variants() -> Vec<(&'static str, DynamicsConfig)> {
     ]
 }
 
-/// Every layer under test, as a function from input to output.
-fn layers<B: Backend>(
-    device: &B::Device,
-) -> Vec<(String, Box<dyn Fn(Tensor<B, 3>) -> Tensor<B, 3>>)> {
-    let mut out: Vec<(String, Box<dyn Fn(Tensor<B, 3>) -> Tensor<B, 3>>)> = Vec::new();
+/// A layer under test, as a function from input to output.
+type Layer<B> = Box<dyn Fn(Tensor<B, 3>) -> Tensor<B, 3>>;
+
+/// Every layer under test, by name.
+fn layers<B: Backend>(device: &B::Device) -> Vec<(String, Layer<B>)> {
+    let mut out: Vec<(String, Layer<B>)> = Vec::new();
     for (name, dynamics) in variants() {
         let layer = CoupledQkAttentionConfig::new(D_MODEL, HEADS)
             .with_dynamics(dynamics)

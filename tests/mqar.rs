@@ -41,7 +41,10 @@ fn every_key_is_queried_once_with_its_value_as_label() {
         let mut seen = HashSet::new();
         for &pos in &queried {
             // Queries sit after the context, at even offsets (Zoology's `2·gap`).
-            assert!(pos >= context && (pos - context) % 2 == 0, "query at {pos}");
+            assert!(
+                pos >= context && (pos - context).is_multiple_of(2),
+                "query at {pos}"
+            );
             let (key, value) = pairs
                 .iter()
                 .copied()

@@ -8,7 +8,7 @@ use burn::tensor::backend::AutodiffBackend;
 use coupled_qk::DynamicsConfig;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// What the sweep varies, and what it holds fixed.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -194,7 +194,7 @@ fn load(path: &Path) -> Result<Option<SweepResults>, String> {
     }
 }
 
-fn save(path: &PathBuf, results: &SweepResults) -> Result<(), String> {
+fn save(path: &Path, results: &SweepResults) -> Result<(), String> {
     let json = serde_json::to_vec_pretty(results).expect("results serialise");
     atomic::write(path, &json).map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
