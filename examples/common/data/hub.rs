@@ -1,0 +1,167 @@
+//! WikiText from the Hugging Face Hub (`Salesforce/wikitext`, parquet with one `text` column and one
+//! row per source line), downloaded once into hf-hub's cache. `HF_HOME` and `HF_ENDPOINT` are
+//! honoured (hf-hub 0.4 reads them only through `ApiBuilder::from_env`).
+
+use super::DataError;
+use super::source::wikitext_hint;
+use hf_hub::api::sync::ApiBuilder;
+use hf_hub::{Repo, RepoType};
+use parquet::file::reader::{FileReader, SerializedFileReader};
+use parquet::schema::types::Type;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::Arc;
+
+/// The Hub dataset holding WikiText.
+pub const WIKITEXT_REPO: &str = "Salesforce/wikitext";
+
+/// Which WikiText.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum WikiText {
+    /// WikiText-103 (raw): the paper's corpus, 540 MB of training text.
+    #[serde(rename = "wikitext-103")]
+    Wiki103,
+    /// WikiText-2 (raw): the same validation and test articles, a 2M-token training split.
+    #[serde(rename = "wikitext-2")]
+    Wiki2,
+    /// A local folder in the original layout.
+    #[serde(rename = "local")]
+    Local,
+}
+
+impl WikiText {
+    /// `wikitext-103`, `wikitext-2` or `wikitext`.
+    pub fn name(self) -> &'static str {
+        match self {
+            WikiText::Wiki103 => "wikitext-103",
+            WikiText::Wiki2 => "wikitext-2",
+            WikiText::Local => "wikitext",
+        }
+    }
+
+    /// The parquet files of a split (`train`, `validation`, `test`) in the Hub repository.
+    pub fn files(self, split: &str) -> Vec<String> {
+        let (config, train_shards) = match self {
+            WikiText::Wiki103 => ("wikitext-103-raw-v1", 2),
+            WikiText::Wiki2 | WikiText::Local => ("wikitext-2-raw-v1", 1),
+        };
+        let shards = if split == "train" { train_shards } else { 1 };
+        (0..shards).map(|i| format!("{config}/{split}-{i:05}-of-{shards:05}.parquet")).collect()
+    }
+}
+
+impl FromStr for WikiText {
+    type Err = DataError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "wikitext-103" | "wikitext103" => Ok(WikiText::Wiki103),
+            "wikitext-2" | "wikitext2" => Ok(WikiText::Wiki2),
+            other => Err(DataError::Invalid(format!("{other:?} is not wikitext-103 or wikitext-2"))),
+        }
+    }
+}
+
+/// Access to the Hub: hf-hub's settings from the environment, optionally overridden.
+#[derive(Clone, Debug, Default)]
+pub struct Hub {
+    /// Overrides `HF_ENDPOINT`.
+    pub endpoint: Option<String>,
+    /// Overrides the cache folder (`$HF_HOME/hub`).
+    pub cache_dir: Option<PathBuf>,
+    /// Show a progress bar while downloading.
+    pub progress: bool,
+}
+
+impl Hub {
+    /// The local path of `filename` in `repo` (a dataset), downloading it if it is not cached.
+    /// A file that does not read as parquet (a truncated or corrupt download) is removed from the
+    /// cache and reported, never used.
+    pub fn dataset_file(&self, repo: &str, filename: &str) -> Result<PathBuf, DataError> {
+        let mut builder = ApiBuilder::from_env().with_progress(self.progress);
+        if let Some(endpoint) = &self.endpoint {
+            builder = builder.with_endpoint(endpoint.clone());
+        }
+        if let Some(dir) = &self.cache_dir {
+            builder = builder.with_cache_dir(dir.clone());
+        }
+        let api = builder.build().map_err(|e| DataError::Download {
+            url: repo.into(),
+            message: e.to_string(),
+            hint: wikitext_hint(),
+        })?;
+        let repo = api.repo(Repo::new(repo.into(), RepoType::Dataset));
+        let url = repo.url(filename);
+        let path = repo.get(filename).map_err(|e| DataError::Download {
+            url: url.clone(),
+            message: e.to_string(),
+            hint: wikitext_hint(),
+        })?;
+        if let Err(problem) = check_parquet(&path) {
+            let removed = remove_cached(&path);
+            return Err(DataError::Download {
+                url,
+                message: format!("the downloaded file is incomplete or corrupt ({problem}); {removed}"),
+                hint: "run again to download it afresh".into(),
+            });
+        }
+        Ok(path)
+    }
+
+    /// The text of one WikiText split from the Hub: its rows concatenated (each row is a source
+    /// line with its newline).
+    pub fn wikitext_split(&self, variant: WikiText, split: &str) -> Result<String, DataError> {
+        if variant == WikiText::Local {
+            return Err(DataError::Invalid("a local WikiText needs its folder (--data-dir)".into()));
+        }
+        let mut text = String::new();
+        for file in variant.files(split) {
+            let path = self.dataset_file(WIKITEXT_REPO, &file)?;
+            for row in read_parquet_text(&path)? {
+                text.push_str(&row);
+            }
+        }
+        Ok(text)
+    }
+}
+
+fn check_parquet(path: &Path) -> Result<(), String> {
+    let file = std::fs::File::open(path).map_err(|e| e.to_string())?;
+    SerializedFileReader::new(file).map(|_| ()).map_err(|e| e.to_string())
+}
+
+/// Removes a cached file and, when it is hf-hub's symlink, the blob it points to.
+fn remove_cached(path: &Path) -> String {
+    let blob = std::fs::canonicalize(path).ok();
+    let _ = std::fs::remove_file(path);
+    if let Some(blob) = blob.filter(|b| b != path) {
+        let _ = std::fs::remove_file(&blob);
+    }
+    format!("removed {} from the cache", path.display())
+}
+
+/// The `text` column of a parquet file, one string per row (a null reads as "").
+pub fn read_parquet_text(path: &Path) -> Result<Vec<String>, DataError> {
+    let bad = |message: String| DataError::Parquet { path: path.into(), message };
+    let file = std::fs::File::open(path).map_err(|e| DataError::io("read", path, e))?;
+    let reader = SerializedFileReader::new(file).map_err(|e| bad(format!("not a parquet file ({e})")))?;
+    let schema = reader.metadata().file_metadata().schema();
+    let Some(field) = schema.get_fields().iter().find(|f| f.name() == "text") else {
+        let columns: Vec<&str> = schema.get_fields().iter().map(|f| f.name()).collect();
+        return Err(bad(format!("has no `text` column (its columns: {})", columns.join(", "))));
+    };
+    let projection = Type::group_type_builder(schema.name())
+        .with_fields(vec![Arc::clone(field)])
+        .build()
+        .map_err(|e| bad(e.to_string()))?;
+    let rows = reader.get_row_iter(Some(projection)).map_err(|e| bad(e.to_string()))?;
+    let mut texts = Vec::with_capacity(reader.metadata().file_metadata().num_rows() as usize);
+    for (index, row) in rows.enumerate() {
+        let row = row.map_err(|e| bad(format!("row {index}: {e}")))?;
+        match row.get_column_iter().next().map(|(_, field)| field) {
+            Some(parquet::record::Field::Str(s)) => texts.push(s.clone()),
+            Some(parquet::record::Field::Null) | None => texts.push(String::new()),
+            Some(other) => return Err(bad(format!("row {index}: `text` is not a string but {other}"))),
+        }
+    }
+    Ok(texts)
+}
