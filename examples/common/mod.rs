@@ -2,5 +2,6 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod atomic;
+pub mod data;
 pub mod mqar;
 pub mod schedule;
