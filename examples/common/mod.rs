@@ -3,5 +3,6 @@
 
 pub mod atomic;
 pub mod data;
+pub mod lm;
 pub mod mqar;
 pub mod schedule;
