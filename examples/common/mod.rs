@@ -2,6 +2,7 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod atomic;
+pub mod backend;
 pub mod data;
 pub mod lm;
 pub mod mqar;
