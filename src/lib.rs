@@ -44,13 +44,14 @@ pub mod model;
 pub mod step_size;
 
 pub use attention::{
-    AttentionInput, CoupledQkAttention, CoupledQkAttentionConfig, CoupledQkCache, RotaryConfig,
-    RotaryPosition,
+    AttentionInput, CoupledQkAttention, CoupledQkAttentionConfig, CoupledQkCache,
+    DifferentialAttention, DifferentialAttentionConfig, RotaryConfig, RotaryPosition,
 };
 pub use coupling::{CouplingNet, CouplingNetConfig};
 pub use dynamics::{DynamicsConfig, QkDynamics, Scheme};
 pub use error::ConfigError;
 pub use integrator::{Euler, Integrator, IntegratorKind, Leapfrog, PhaseSpace};
+pub use model::{AttentionKind, AttentionVariant};
 pub use step_size::{StepSize, StepSizeConfig};
 
 /// The README's examples, compiled and run as doctests.

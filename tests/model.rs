@@ -3,7 +3,9 @@
 use burn::module::Module;
 use burn::tensor::{Int, Tensor, TensorData};
 use coupled_qk::DynamicsConfig;
-use coupled_qk::model::{Gpt, GptConfig, Positions, Preset};
+use coupled_qk::model::{
+    AttentionKind, AttentionVariant, BlockAttention, Gpt, GptConfig, Positions, Preset,
+};
 
 type B = burn::backend::Flex;
 
@@ -126,4 +128,142 @@ fn initial_loss_is_near_log_vocab() {
 #[should_panic(expected = "exceeds the context of 12")]
 fn a_too_long_sequence_names_the_context() {
     tiny(Positions::Learned, 4, true).forward(tokens(&[1; 13], 1));
+}
+
+// Differential attention in the GPT.
+
+fn diff(config: GptConfig) -> GptConfig {
+    config.with_variant(AttentionVariant::Differential)
+}
+
+#[test]
+fn a_differential_gpt_runs_with_even_and_odd_head_counts() {
+    let device = Default::default();
+    // Tiny preset: 4 heads → 2 differential heads with maps of d_head = 32.
+    let tiny = diff(GptConfig::preset(Preset::Tiny, 64));
+    assert_eq!(tiny.differential_heads(), 2);
+    assert_eq!(tiny.differential_attention(0).d_map(), 32);
+    let model = tiny.init::<B>(&device);
+    assert!(
+        model
+            .blocks
+            .iter()
+            .all(|b| matches!(b.attention, BlockAttention::Differential(_)))
+    );
+    assert_eq!(
+        model.forward(tokens(&[1, 2, 3, 4, 5, 6], 2)).dims(),
+        [2, 3, 64]
+    );
+    // 3 heads of 8 (odd): 3 differential heads with maps of 4, rotary over them.
+    let odd = diff(GptConfig::new(32, 24, 3, 3, 12).with_positions(Positions::Rotary));
+    assert_eq!(odd.differential_heads(), 3);
+    assert_eq!(odd.differential_attention(0).d_map(), 4);
+    let model = odd.init::<B>(&device);
+    assert_eq!(
+        model.forward(tokens(&[1, 5, 9, 3, 7, 2, 8, 4], 1)).dims(),
+        [1, 8, 32]
+    );
+    // λ_init follows the block index.
+    for (i, block) in model.blocks.iter().enumerate() {
+        let BlockAttention::Differential(attention) = &block.attention else {
+            panic!("block {i} is not differential");
+        };
+        assert_eq!(attention.lambda_init, 0.8 - 0.6 * (-0.3 * i as f64).exp());
+    }
+    // The 60m preset's 9 heads → 9 differential heads of maps 32.
+    let m60 = diff(GptConfig::preset(Preset::M60, 256));
+    assert_eq!(
+        (
+            m60.differential_heads(),
+            m60.differential_attention(0).d_map()
+        ),
+        (9, 32)
+    );
+    m60.validate().unwrap();
+}
+
+#[test]
+fn a_differential_gpt_has_the_standard_parameters_plus_the_lambdas_and_norms() {
+    let device = Default::default();
+    let config = GptConfig::preset(Preset::Tiny, 256);
+    let standard = config
+        .clone()
+        .with_dynamics(DynamicsConfig::Standard)
+        .init::<B>(&device);
+    let differential = diff(config).init::<B>(&device);
+    // 4 layers × (4 λ vectors of d_map = 32 + a norm weight of 2·32).
+    let extra = 4 * (4 * 32 + 2 * 32);
+    assert_eq!(differential.extra_num_params(), extra);
+    assert_eq!(standard.extra_num_params(), 0);
+    assert_eq!(differential.num_params(), standard.num_params() + extra);
+}
+
+#[test]
+fn differential_causality() {
+    let model = diff(GptConfig::new(32, 16, 2, 2, 12)).init::<B>(&Default::default());
+    let a = model.forward(tokens(&[1, 5, 9, 3, 7, 2, 8, 4], 1));
+    let b = model.forward(tokens(&[1, 5, 9, 3, 0, 0, 31, 30], 1));
+    a.slice([0..1, 0..4]).into_data().assert_approx_eq::<f32>(
+        &b.slice([0..1, 0..4]).into_data(),
+        burn::tensor::Tolerance::default(),
+    );
+}
+
+#[test]
+fn variants_select_the_attention_and_read_back() {
+    let base = GptConfig::preset(Preset::Tiny, 256);
+    assert_eq!(base.attention, AttentionKind::Coupled);
+    assert_eq!(
+        base.variant(),
+        AttentionVariant::Dynamics(DynamicsConfig::euler(1))
+    );
+    let variant: AttentionVariant = "diff".parse().unwrap();
+    assert_eq!(variant, AttentionVariant::Differential);
+    let d = base.clone().with_variant(variant.clone());
+    assert_eq!(
+        (d.attention, &d.dynamics),
+        (AttentionKind::Differential, &DynamicsConfig::Standard)
+    );
+    assert_eq!(d.variant(), variant);
+    // And back.
+    let l = d.with_variant("leapfrog".parse().unwrap());
+    assert_eq!(
+        (l.attention, &l.dynamics),
+        (AttentionKind::Coupled, &DynamicsConfig::leapfrog(1))
+    );
+    for name in AttentionVariant::NAMES {
+        let v: AttentionVariant = name.parse().unwrap();
+        assert_eq!(base.clone().with_variant(v.clone()).variant(), v, "{name}");
+    }
+    // Differential attention with dynamics is refused, naming the field.
+    let both = GptConfig {
+        attention: AttentionKind::Differential,
+        ..base
+    };
+    let err = both.validate().unwrap_err();
+    assert_eq!(err.field, "dynamics");
+    assert!(err.to_string().contains("with_variant"), "{err}");
+}
+
+#[test]
+fn a_differential_config_round_trips_through_json_and_old_json_parses_as_coupled() {
+    let config = diff(GptConfig::preset(Preset::Tiny, 256));
+    let json = serde_json::to_string(&config).unwrap();
+    assert!(json.contains(r#""attention":"differential""#), "{json}");
+    let back: GptConfig = serde_json::from_str(&json).unwrap();
+    assert_eq!(back.variant(), AttentionVariant::Differential);
+    assert_eq!(serde_json::to_string(&back).unwrap(), json);
+
+    // A config written before the `attention` field existed.
+    let mut old: serde_json::Value = serde_json::to_value(
+        GptConfig::preset(Preset::Tiny, 256).with_dynamics(DynamicsConfig::leapfrog(2)),
+    )
+    .unwrap();
+    assert!(old.as_object_mut().unwrap().remove("attention").is_some());
+    let parsed: GptConfig = serde_json::from_value(old).unwrap();
+    assert_eq!(parsed.attention, AttentionKind::Coupled);
+    assert_eq!(
+        parsed.variant(),
+        AttentionVariant::Dynamics(DynamicsConfig::leapfrog(2))
+    );
 }

@@ -1,6 +1,6 @@
 use super::cache::CoupledQkCache;
 use super::config::RotaryPosition;
-use super::scores::attend;
+use super::scores::{attend, combine_masks};
 use crate::dynamics::QkDynamics;
 use crate::integrator::Integrator;
 use burn::module::Module;
@@ -58,9 +58,9 @@ pub struct CoupledQkAttention<B: Backend> {
 /// meaning "masked out" (Burn's convention).
 #[derive(Debug, Clone)]
 pub struct AttentionInput<B: Backend> {
-    x: Tensor<B, 3>,
-    mask_pad: Option<Tensor<B, 2, Bool>>,
-    mask_attn: Option<Tensor<B, 3, Bool>>,
+    pub(crate) x: Tensor<B, 3>,
+    pub(crate) mask_pad: Option<Tensor<B, 2, Bool>>,
+    pub(crate) mask_attn: Option<Tensor<B, 3, Bool>>,
 }
 
 impl<B: Backend> AttentionInput<B> {
@@ -111,7 +111,12 @@ impl<B: Backend> CoupledQkAttention<B> {
         } = input.into();
         let [batch, seq, _] = self.check_input(&x);
         let (q, k, v) = self.project(x, 0);
-        let mask = self.combine_masks(mask_pad, mask_attn, [batch, seq]);
+        let mask = combine_masks(
+            "CoupledQkAttention",
+            mask_pad,
+            mask_attn,
+            [batch, self.n_heads, seq],
+        );
         let context = attend(q, k, v, mask, self.causal, &self.dropout);
         self.merge_heads(context)
     }
@@ -226,39 +231,5 @@ impl<B: Backend> CoupledQkAttention<B> {
             .swap_dims(1, 2)
             .reshape([batch, seq, self.d_model()]);
         self.output.forward(merged)
-    }
-
-    /// One `[batch, heads, seq, seq]` mask from the padding and attention masks.
-    fn combine_masks(
-        &self,
-        mask_pad: Option<Tensor<B, 2, Bool>>,
-        mask_attn: Option<Tensor<B, 3, Bool>>,
-        [batch, seq]: [usize; 2],
-    ) -> Option<Tensor<B, 4, Bool>> {
-        let full = [batch, self.n_heads, seq, seq];
-        let pad = mask_pad.map(|m| {
-            assert_eq!(
-                m.dims(),
-                [batch, seq],
-                "CoupledQkAttention: expected mask_pad [batch, seq] = {:?}, got {:?}",
-                [batch, seq],
-                m.dims()
-            );
-            m.reshape([batch, 1, 1, seq]).expand(full)
-        });
-        let attn = mask_attn.map(|m| {
-            assert_eq!(
-                m.dims(),
-                [batch, seq, seq],
-                "CoupledQkAttention: expected mask_attn [batch, seq, seq] = {:?}, got {:?}",
-                [batch, seq, seq],
-                m.dims()
-            );
-            m.reshape([batch, 1, seq, seq]).expand(full)
-        });
-        match (pad, attn) {
-            (Some(a), Some(b)) => Some(a.bool_or(b)),
-            (a, b) => a.or(b),
-        }
     }
 }

@@ -47,6 +47,24 @@ pub(crate) fn attend_explicit<B: Backend>(
     causal: bool,
     dropout: &Dropout,
 ) -> Tensor<B, 4> {
+    dropout
+        .forward(attention_weights(q, k, mask, causal))
+        .matmul(v)
+}
+
+/// `softmax(q·kᵀ/√d + mask)`, the attention weights, masked as in [`attend`] (causal aligned at
+/// the bottom right; a row with every key masked is all zeros, not NaN).
+///
+/// # Shapes
+/// - `q`: `[batch, heads, s_q, d]`; `k`: `[batch, heads, s_k, d]`
+/// - `mask`: `[batch, heads, s_q, s_k]`
+/// - output: `[batch, heads, s_q, s_k]`
+pub(crate) fn attention_weights<B: Backend>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    mask: Option<Tensor<B, 4, Bool>>,
+    causal: bool,
+) -> Tensor<B, 4> {
     let [batch, heads, s_q, d_head] = q.dims();
     let s_k = k.dims()[2];
     let scores = q
@@ -65,7 +83,7 @@ pub(crate) fn attend_explicit<B: Backend>(
             })
         }
     };
-    let weights = match mask {
+    match mask {
         None => softmax(scores, 3),
         Some(mask) => {
             // A row with every key masked would be softmax(-inf, …) = NaN: score it as zeros
@@ -76,8 +94,45 @@ pub(crate) fn attend_explicit<B: Backend>(
                 .mask_fill(dead.clone().expand([batch, heads, s_q, s_k]), 0.0);
             softmax(scores, 3).mask_fill(dead.expand([batch, heads, s_q, s_k]), 0.0)
         }
-    };
-    dropout.forward(weights).matmul(v)
+    }
+}
+
+/// One `[batch, heads, seq, seq]` mask (`true`: masked out) from a padding mask `[batch, seq]`
+/// and an attention mask `[batch, seq, seq]`, either optional.
+///
+/// # Panics
+/// If a mask has another shape; the message starts with `layer`.
+pub(crate) fn combine_masks<B: Backend>(
+    layer: &str,
+    mask_pad: Option<Tensor<B, 2, Bool>>,
+    mask_attn: Option<Tensor<B, 3, Bool>>,
+    [batch, heads, seq]: [usize; 3],
+) -> Option<Tensor<B, 4, Bool>> {
+    let full = [batch, heads, seq, seq];
+    let pad = mask_pad.map(|m| {
+        assert_eq!(
+            m.dims(),
+            [batch, seq],
+            "{layer}: expected mask_pad [batch, seq] = {:?}, got {:?}",
+            [batch, seq],
+            m.dims()
+        );
+        m.reshape([batch, 1, 1, seq]).expand(full)
+    });
+    let attn = mask_attn.map(|m| {
+        assert_eq!(
+            m.dims(),
+            [batch, seq, seq],
+            "{layer}: expected mask_attn [batch, seq, seq] = {:?}, got {:?}",
+            [batch, seq, seq],
+            m.dims()
+        );
+        m.reshape([batch, 1, seq, seq]).expand(full)
+    });
+    match (pad, attn) {
+        (Some(a), Some(b)) => Some(a.bool_or(b)),
+        (a, b) => a.or(b),
+    }
 }
 
 #[cfg(test)]

@@ -1,5 +1,8 @@
-use super::gpt::{Block, Gpt, Mlp, Norm};
-use crate::attention::{CoupledQkAttentionConfig, RotaryConfig, RotaryPosition};
+use super::gpt::{Block, BlockAttention, Gpt, Mlp, Norm};
+use super::variant::{AttentionKind, AttentionVariant};
+use crate::attention::{
+    CoupledQkAttentionConfig, DifferentialAttentionConfig, RotaryConfig, RotaryPosition,
+};
 use crate::dynamics::DynamicsConfig;
 use crate::error::{ConfigError, or_panic};
 use crate::step_size::StepSizeConfig;
@@ -76,9 +79,15 @@ pub struct GptConfig {
     pub n_heads: usize,
     /// The longest sequence the model reads.
     pub context: usize,
-    /// The attention variant of every block.
+    /// The dynamics of every block's coupled attention layer (standard, MLP-only, Euler,
+    /// leapfrog). Must be `Standard` with differential attention.
     #[config(default = "DynamicsConfig::default()")]
     pub dynamics: DynamicsConfig,
+    /// The attention layer of every block: coupled QK attention with `dynamics` (default) or
+    /// differential attention. [`with_variant`](Self::with_variant) sets it and `dynamics`
+    /// together. Configs written before this field existed parse as `Coupled`.
+    #[config(default = "AttentionKind::Coupled")]
+    pub attention: AttentionKind,
     /// The step size of the coupled variants.
     #[config(default = "StepSizeConfig::new()")]
     pub dt: StepSizeConfig,
@@ -122,18 +131,73 @@ impl GptConfig {
         Self::new(vocab_size, d_model, n_layers, n_heads, context)
     }
 
-    /// The config of every block's attention layer.
+    /// The same config with the attention variant `variant`: a [`DynamicsConfig`] sets
+    /// `attention = Coupled` and `dynamics`; [`AttentionVariant::Differential`] sets
+    /// `attention = Differential` and `dynamics = Standard`. The other fields are kept.
+    pub fn with_variant(self, variant: AttentionVariant) -> Self {
+        match variant {
+            AttentionVariant::Dynamics(dynamics) => Self {
+                attention: AttentionKind::Coupled,
+                dynamics,
+                ..self
+            },
+            AttentionVariant::Differential => Self {
+                attention: AttentionKind::Differential,
+                dynamics: DynamicsConfig::Standard,
+                ..self
+            },
+        }
+    }
+
+    /// The attention variant of the blocks: `Differential` when `attention` is, else the
+    /// coupled layer's `dynamics`.
+    pub fn variant(&self) -> AttentionVariant {
+        match self.attention {
+            AttentionKind::Coupled => AttentionVariant::Dynamics(self.dynamics.clone()),
+            AttentionKind::Differential => AttentionVariant::Differential,
+        }
+    }
+
+    /// The config of every block's coupled attention layer (used when `attention` is
+    /// `Coupled`).
     pub fn attention(&self) -> CoupledQkAttentionConfig {
-        let rotary = (self.positions == Positions::Rotary)
-            .then(|| RotaryConfig::new(self.context).with_position(self.rotary_position));
         CoupledQkAttentionConfig::new(self.d_model, self.n_heads)
             .with_dynamics(self.dynamics.clone())
             .with_dt(self.dt.clone())
             .with_coupling_hidden(self.coupling_hidden)
-            .with_rotary(rotary)
+            .with_rotary(self.rotary())
             .with_causal(true)
             .with_dropout(self.dropout)
             .with_initializer(normal(INIT_STD))
+    }
+
+    /// The number of differential heads: `n_heads / 2` when `n_heads` is even (Ye et al.: half
+    /// the heads, each query/key map as wide as a standard head, `d_map = d_head`), else
+    /// `n_heads` with maps of half a standard head (`d_map = d_head / 2`). The second case is
+    /// this crate's, for presets with an odd head count (the 60m preset has 9 heads); both keep
+    /// the projections of the standard layer.
+    pub fn differential_heads(&self) -> usize {
+        if self.n_heads.is_multiple_of(2) {
+            self.n_heads / 2
+        } else {
+            self.n_heads
+        }
+    }
+
+    /// The config of block `layer_index`'s differential attention layer (used when `attention`
+    /// is `Differential`); see [`differential_heads`](Self::differential_heads).
+    pub fn differential_attention(&self, layer_index: usize) -> DifferentialAttentionConfig {
+        DifferentialAttentionConfig::new(self.d_model, self.differential_heads())
+            .with_layer_index(layer_index)
+            .with_rotary(self.rotary())
+            .with_causal(true)
+            .with_dropout(self.dropout)
+            .with_initializer(normal(INIT_STD))
+    }
+
+    fn rotary(&self) -> Option<RotaryConfig> {
+        (self.positions == Positions::Rotary)
+            .then(|| RotaryConfig::new(self.context).with_position(self.rotary_position))
     }
 
     /// Checks every field, the attention layer's included.
@@ -147,7 +211,49 @@ impl GptConfig {
                 return Err(ConfigError::new(NAME, field, 0, "must be at least 1"));
             }
         }
-        self.attention().validate()
+        match self.attention {
+            AttentionKind::Coupled => self.attention().validate(),
+            AttentionKind::Differential => {
+                if self.dynamics != DynamicsConfig::Standard {
+                    return Err(ConfigError::new(
+                        NAME,
+                        "dynamics",
+                        self.dynamics.name(),
+                        "differential attention has no dynamics: set it to standard \
+                         (GptConfig::with_variant does)",
+                    ));
+                }
+                self.differential_attention(0).validate()
+            }
+        }
+    }
+
+    /// Block `layer_index`'s attention layer, as `attention` says: the one place that decides.
+    /// Its output projection (into the residual stream) is initialised with `residual`.
+    fn init_attention<B: Backend>(
+        &self,
+        layer_index: usize,
+        residual: &Initializer,
+        device: &B::Device,
+    ) -> Result<BlockAttention<B>, ConfigError> {
+        let d = self.d_model;
+        let output = || {
+            LinearConfig::new(d, d)
+                .with_initializer(residual.clone())
+                .init(device)
+        };
+        Ok(match self.attention {
+            AttentionKind::Coupled => {
+                let mut attention = self.attention().try_init(device)?;
+                attention.output = output();
+                BlockAttention::Coupled(attention)
+            }
+            AttentionKind::Differential => {
+                let mut attention = self.differential_attention(layer_index).try_init(device)?;
+                attention.output = output();
+                BlockAttention::Differential(attention)
+            }
+        })
     }
 
     /// Builds the model, or says which field is invalid.
@@ -161,11 +267,8 @@ impl GptConfig {
             NormKind::RmsNorm => Norm::Rms(RmsNormConfig::new(d).init(device)),
         };
         let blocks = (0..self.n_layers)
-            .map(|_| {
-                let mut attention = self.attention().try_init(device)?;
-                attention.output = LinearConfig::new(d, d)
-                    .with_initializer(residual.clone())
-                    .init(device);
+            .map(|layer_index| {
+                let attention = self.init_attention(layer_index, &residual, device)?;
                 let mlp = (self.mlp_ratio > 0).then(|| Mlp {
                     up: LinearConfig::new(d, self.mlp_ratio * d)
                         .with_initializer(normal(INIT_STD))

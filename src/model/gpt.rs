@@ -1,8 +1,9 @@
-//! A GPT-style decoder: embeddings, pre-norm blocks of [`CoupledQkAttention`] and a GELU MLP,
-//! a final norm and an LM head tied to the token embedding. Shapes in comments: `b` batch,
+//! A GPT-style decoder: embeddings, pre-norm blocks of attention ([`CoupledQkAttention`] or
+//! [`DifferentialAttention`]) and a GELU MLP, a final norm and an LM head tied to the token
+//! embedding. Shapes in comments: `b` batch,
 //! `s` sequence, `d` d_model, `v` vocabulary.
 
-use crate::attention::CoupledQkAttention;
+use crate::attention::{CoupledQkAttention, DifferentialAttention};
 use burn::module::Module;
 use burn::nn::{Embedding, Gelu, LayerNorm, Linear, RmsNorm};
 use burn::tensor::{Int, Tensor, backend::Backend};
@@ -26,6 +27,38 @@ impl<B: Backend> Norm<B> {
     }
 }
 
+/// A block's attention layer, chosen by [`GptConfig::attention`](super::GptConfig).
+#[derive(Module, Debug)]
+#[allow(clippy::large_enum_variant)]
+pub enum BlockAttention<B: Backend> {
+    /// Coupled QK attention (and its standard and MLP-only baselines).
+    Coupled(CoupledQkAttention<B>),
+    /// Differential attention (Ye et al. 2024).
+    Differential(DifferentialAttention<B>),
+}
+
+impl<B: Backend> BlockAttention<B> {
+    /// Causal self-attention.
+    ///
+    /// # Shapes
+    /// - `x`: `[batch, seq, d_model]`
+    /// - output: `[batch, seq, d_model]`
+    pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        match self {
+            Self::Coupled(attention) => attention.forward(x),
+            Self::Differential(attention) => attention.forward(x),
+        }
+    }
+
+    /// The parameters the layer adds over standard attention with the same projections.
+    pub fn extra_num_params(&self) -> usize {
+        match self {
+            Self::Coupled(attention) => attention.extra_num_params(),
+            Self::Differential(attention) => attention.extra_num_params(),
+        }
+    }
+}
+
 /// `d → r·d → d` with GELU.
 #[derive(Module, Debug)]
 pub struct Mlp<B: Backend> {
@@ -43,7 +76,7 @@ pub struct Block<B: Backend> {
     /// Before attention.
     pub norm_attention: Norm<B>,
     /// Causal self-attention, any variant.
-    pub attention: CoupledQkAttention<B>,
+    pub attention: BlockAttention<B>,
     /// Before the MLP.
     pub norm_mlp: Option<Norm<B>>,
     /// The MLP (absent in attention-only models).
@@ -121,7 +154,9 @@ impl<B: Backend> Gpt<B> {
         }
     }
 
-    /// The parameters the dynamics add over the same model with standard attention.
+    /// The parameters the attention variant adds over the same model with standard attention:
+    /// the coupling nets and step sizes of the coupled variants, or the λ vectors and per-head
+    /// norms of differential attention.
     pub fn extra_num_params(&self) -> usize {
         self.blocks
             .iter()

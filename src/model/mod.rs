@@ -1,9 +1,11 @@
-//! A GPT-style decoder assembled from the crate's attention layer.
+//! A GPT-style decoder assembled from the crate's attention layers.
 
 mod config;
 mod gpt;
 mod loss;
+mod variant;
 
 pub use config::{GptConfig, NormKind, Positions, Preset};
-pub use gpt::{Block, Gpt, Mlp, Norm};
+pub use gpt::{Block, BlockAttention, Gpt, Mlp, Norm};
 pub use loss::masked_cross_entropy;
+pub use variant::{AttentionKind, AttentionVariant};

@@ -1,0 +1,7 @@
+//! Differential attention (Ye et al. 2024, *Differential Transformer*, arXiv:2410.05258, V1).
+
+mod config;
+mod layer;
+
+pub use config::DifferentialAttentionConfig;
+pub use layer::DifferentialAttention;
