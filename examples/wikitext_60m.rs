@@ -19,16 +19,16 @@ use common::backend::{BackendChoice, BackendTask, dispatch};
 use common::data::{CorpusSource, Hub, LoadOptions, SplitOptions, TokenCache, TokenizedCorpus, TokenizerKind, load_corpus};
 use common::lm::{RunOptions, TrainConfig, train_with};
 use coupled_qk::DynamicsConfig;
-use coupled_qk::model::{GptConfig, Preset};
+use coupled_qk::model::{AttentionVariant, GptConfig, Preset};
 use burn::tensor::backend::AutodiffBackend;
 use std::path::PathBuf;
 
 #[derive(Parser, Debug)]
 #[command(about = "Train a GPT with coupled QK attention on WikiText-103 (or another corpus)")]
 struct Args {
-    /// Attention variant: standard, mlp-only, euler or leapfrog.
+    /// Attention variant: standard, mlp-only, euler, leapfrog or diff (differential attention).
     #[arg(long, default_value = "euler")]
-    attention: DynamicsConfig,
+    attention: AttentionVariant,
     /// Integrator steps of euler/leapfrog (the paper finds one enough).
     #[arg(long, default_value_t = 1)]
     steps: usize,
@@ -135,11 +135,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     };
     let corpus = load_corpus(&source, args.tokenizer, &options)?.corpus;
 
-    let dynamics = match args.attention {
-        DynamicsConfig::Coupled { integrator, .. } => DynamicsConfig::Coupled { integrator, steps: args.steps },
-        other => other,
-    };
-    let model = GptConfig { dynamics, ..GptConfig::preset(args.preset, corpus.vocab_size) };
+    let model = GptConfig::preset(args.preset, corpus.vocab_size).with_variant(args.attention.with_steps(args.steps));
     let mut config = TrainConfig::new(model);
     preset_defaults(args.preset, &mut config);
     config.seed = args.seed;
@@ -160,8 +156,8 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     config.checkpoint_every = config.checkpoint_every.min(config.max_steps).max(1);
 
     let attention = match &config.model.dynamics {
-        DynamicsConfig::Coupled { steps, .. } => format!("{}{steps}", config.model.dynamics.name()),
-        other => other.name().to_string(),
+        DynamicsConfig::Coupled { steps, .. } => format!("{}{steps}", config.model.variant().name()),
+        _ => config.model.variant().name().to_string(),
     };
     let out = args.out.clone().unwrap_or_else(|| {
         PathBuf::from(format!("runs/{}-{}-{attention}-seed{}", corpus.name, preset_name(args.preset), args.seed))

@@ -7,3 +7,4 @@ pub mod data;
 pub mod lm;
 pub mod mqar;
 pub mod schedule;
+pub mod suite;

@@ -53,8 +53,17 @@ impl FromStr for CorpusSource {
 impl CorpusSource {
     /// A short name for caches and reports.
     pub fn name(&self) -> String {
+        // `tinyshakespeare/input.txt` is better named by its folder than by `input`.
         let stem = |p: &Path| {
-            p.file_stem().or(p.file_name()).map_or("corpus".into(), |s| s.to_string_lossy().into_owned())
+            let name = |p: &Path| p.file_stem().map(|s| s.to_string_lossy().into_owned());
+            match name(p) {
+                Some(s) if !["input", "train", "data", "text", "corpus"].contains(&s.as_str()) => s,
+                Some(s) => p
+                    .parent()
+                    .and_then(name)
+                    .map_or(s.clone(), |parent| format!("{parent}-{s}")),
+                None => "corpus".into(),
+            }
         };
         match self {
             CorpusSource::WikiText { variant: WikiText::Local, dir: Some(dir) } => stem(dir),
@@ -136,7 +145,7 @@ pub fn read_wikitext_split(dir: &Path, split: &str) -> Result<String, DataError>
 
 /// Where to put WikiText to run offline.
 pub fn wikitext_hint() -> String {
-    "put WikiText's wiki.train.raw and wiki.valid.raw (or .tokens) in one folder and pass it with --data-dir, \
+    "Put WikiText's wiki.train.raw and wiki.valid.raw (or .tokens) in one folder and pass it with --data-dir, \
      or run with network access to download Salesforce/wikitext from the Hugging Face Hub (HF_ENDPOINT selects a mirror)"
         .into()
 }

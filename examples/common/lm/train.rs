@@ -198,7 +198,7 @@ pub fn train_with<B: AutodiffBackend>(
     ));
     let progress = progress_bar(options.quiet, stop, step);
     let schedule = config.schedule();
-    let plot_title = format!("{} on {}", config.model.dynamics.name(), corpus.name);
+    let plot_title = format!("{} on {}", config.model.variant().name(), corpus.name);
     let plot_path = out_dir.join("loss.svg");
     // Training time (evaluation and checkpoints left out): since the last row, and in all.
     let (mut interval_time, mut interval_tokens) = (Duration::ZERO, 0u64);
