@@ -13,7 +13,7 @@ mod common;
 
 use clap::Parser;
 use common::backend::dispatch;
-use common::suite::{Budget, CellResult, Cells, CurvePoint, Suite, Variant, aggregate, seed_table, write_curves_plot, write_json, write_markdown};
+use common::suite::{Budget, CellResult, Cells, Suite, Variant, aggregate, first_reach, seed_table, write_curves_plot, write_json, write_markdown};
 use std::fmt::Write;
 use std::path::PathBuf;
 
@@ -52,25 +52,6 @@ fn main() {
     }
 }
 
-/// The first point where `curve` reaches `target` (linear interpolation between evaluations):
-/// `(tokens, elapsed seconds)`.
-fn reach(curve: &[CurvePoint], target: f64) -> Option<(f64, f64)> {
-    let mut previous: Option<&CurvePoint> = None;
-    for p in curve {
-        if p.val_loss <= target {
-            return Some(match previous {
-                Some(q) if q.val_loss > p.val_loss => {
-                    let t = (q.val_loss - target) / (q.val_loss - p.val_loss);
-                    (q.tokens as f64 + t * (p.tokens - q.tokens) as f64, q.elapsed_s + t * (p.elapsed_s - q.elapsed_s))
-                }
-                _ => (p.tokens as f64, p.elapsed_s),
-            });
-        }
-        previous = Some(p);
-    }
-    None
-}
-
 fn run(args: Args) -> Result<(), String> {
     if args.factor < 1 {
         return Err("--factor must be at least 1".into());
@@ -107,7 +88,7 @@ fn run(args: Args) -> Result<(), String> {
     for &seed in &args.seeds {
         let find = |label: &str| results.iter().find(|r| r.seed == seed && r.variant == label);
         let (Some(c), Some(b)) = (find(&args.coupled.label), find(&baseline_label)) else { continue };
-        let reached = reach(&b.curve, c.val_loss);
+        let reached = first_reach(&b.curve, c.val_loss);
         let (tokens, wall, token_ratio, wall_ratio) = match reached {
             Some((t, w)) => (format!("{t:.0}"), format!("{w:.0}"), format!("{:.2}×", t / c.tokens as f64), format!("{:.2}×", w / c.wall_s)),
             None => ("not reached".into(), "–".into(), format!("> {}×", args.factor), "–".into()),

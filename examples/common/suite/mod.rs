@@ -12,5 +12,5 @@ pub use budget::{Budget, Cells, shared_data_dir};
 pub use cells::{CellResult, CurvePoint, Suite, run_cell};
 pub use plot::write_curves_plot;
 pub use report::{PAPER_60M, ablation_table, change_pct, seed_table, write_json, write_markdown};
-pub use stats::{Aggregate, aggregate, mean_std};
+pub use stats::{Aggregate, aggregate, first_reach, mean_std};
 pub use variant::{Variant, parse_variants};

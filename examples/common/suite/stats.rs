@@ -1,6 +1,6 @@
 //! Mean ± standard deviation over seeds.
 
-use super::CellResult;
+use super::{CellResult, CurvePoint};
 
 /// Mean and sample standard deviation (0 for one value).
 pub fn mean_std(values: &[f64]) -> (f64, f64) {
@@ -65,3 +65,25 @@ pub fn aggregate(results: &[CellResult]) -> Vec<Aggregate> {
         .collect()
 }
 
+
+/// Where a validation curve first reaches `target` (loss at or below it), interpolating linearly
+/// between evaluations: `(tokens, elapsed seconds)`; `None` if it never does.
+pub fn first_reach(curve: &[CurvePoint], target: f64) -> Option<(f64, f64)> {
+    let mut previous: Option<&CurvePoint> = None;
+    for p in curve {
+        if p.val_loss <= target {
+            return Some(match previous {
+                Some(q) if q.val_loss > p.val_loss => {
+                    let t = (q.val_loss - target) / (q.val_loss - p.val_loss);
+                    (
+                        q.tokens as f64 + t * (p.tokens - q.tokens) as f64,
+                        q.elapsed_s + t * (p.elapsed_s - q.elapsed_s),
+                    )
+                }
+                _ => (p.tokens as f64, p.elapsed_s),
+            });
+        }
+        previous = Some(p);
+    }
+    None
+}
