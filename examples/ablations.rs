@@ -16,7 +16,7 @@ mod common;
 
 use clap::Parser;
 use common::backend::dispatch;
-use common::suite::{Budget, Cells, Suite, ablation_table, aggregate, parse_variants, seed_table, write_curves_plot, write_json, write_markdown};
+use common::suite::{Budget, Cells, ablation_table, aggregate, parse_variants, seed_table, write_curves_plot, write_json, write_markdown};
 use std::path::PathBuf;
 
 #[derive(Parser, Debug)]
@@ -54,7 +54,7 @@ fn main() {
 fn run(args: Args) -> Result<(), String> {
     let variants = parse_variants(&args.variants, &args.steps)?;
     let corpus = args.budget.load(&args.corpus, args.data_dir.as_ref())?;
-    let suite = Suite { out: args.out.clone(), quiet: false };
+    let suite = args.budget.suite(&args.out);
     let mut cells = Vec::new();
     for seed in &args.seeds {
         for variant in &variants {

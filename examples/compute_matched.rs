@@ -13,7 +13,7 @@ mod common;
 
 use clap::Parser;
 use common::backend::dispatch;
-use common::suite::{Budget, CellResult, Cells, Suite, Variant, aggregate, first_reach, seed_table, write_curves_plot, write_json, write_markdown};
+use common::suite::{Budget, CellResult, Cells, Variant, aggregate, first_reach, seed_table, write_curves_plot, write_json, write_markdown};
 use std::fmt::Write;
 use std::path::PathBuf;
 
@@ -57,7 +57,7 @@ fn run(args: Args) -> Result<(), String> {
         return Err("--factor must be at least 1".into());
     }
     let corpus = args.budget.load(&args.corpus, args.data_dir.as_ref())?;
-    let suite = Suite { out: args.out.clone(), quiet: false };
+    let suite = args.budget.suite(&args.out);
     let baseline_label = format!("{}-x{}", args.baseline.label, args.factor);
     let mut cells = Vec::new();
     for &seed in &args.seeds {

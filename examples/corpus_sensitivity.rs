@@ -14,7 +14,7 @@ mod common;
 
 use clap::Parser;
 use common::backend::dispatch;
-use common::suite::{Budget, Cells, Suite, aggregate, change_pct, parse_variants, seed_table, shared_data_dir, write_curves_plot, write_json, write_markdown};
+use common::suite::{Budget, Cells, aggregate, change_pct, parse_variants, seed_table, shared_data_dir, write_curves_plot, write_json, write_markdown};
 use std::fmt::Write;
 use std::path::PathBuf;
 
@@ -77,7 +77,7 @@ fn run(args: Args) -> Result<(), String> {
     if corpora.is_empty() {
         return Err("no corpus could be loaded; pass --corpora".into());
     }
-    let suite = Suite { out: args.out.clone(), quiet: false };
+    let suite = args.budget.suite(&args.out);
     let mut cells = Vec::new();
     for corpus in &corpora {
         for seed in &args.seeds {

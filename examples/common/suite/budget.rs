@@ -48,9 +48,18 @@ pub struct Budget {
     /// Token cache folder (default: $COUPLED_QK_CACHE or ~/.cache/coupled-qk).
     #[arg(long)]
     pub cache_dir: Option<PathBuf>,
+    /// Where run folders go (default: <out>/runs). Programs given the same folder train each
+    /// equal cell (corpus, variant, seed, budget) once.
+    #[arg(long)]
+    pub runs_dir: Option<PathBuf>,
 }
 
 impl Budget {
+    /// The suite whose report goes to `out`.
+    pub fn suite(&self, out: &std::path::Path) -> Suite {
+        Suite { runs: self.runs_dir.clone().unwrap_or_else(|| out.join("runs")), quiet: false }
+    }
+
     /// The training config of one cell.
     pub fn train_config(&self, vocab_size: usize, variant: &Variant, seed: u64) -> TrainConfig {
         let model = GptConfig::preset(self.preset, vocab_size).with_variant(variant.variant.clone());

@@ -53,8 +53,9 @@ pub struct CellResult {
 /// Where a suite's runs live and how they are shown.
 #[derive(Clone, Debug)]
 pub struct Suite {
-    /// The suite's folder: runs go to `<out>/runs/<corpus>/<variant>/seed<k>`.
-    pub out: PathBuf,
+    /// Where run folders go: `<runs>/<corpus>/<variant>/seed<k>`. Programs that share it train
+    /// each equal cell once.
+    pub runs: PathBuf,
     /// Hide progress bars and messages of the harness.
     pub quiet: bool,
 }
@@ -62,7 +63,7 @@ pub struct Suite {
 impl Suite {
     /// The folder of a cell.
     pub fn cell_dir(&self, corpus: &str, variant: &str, seed: u64) -> PathBuf {
-        self.out.join("runs").join(corpus).join(variant).join(format!("seed{seed}"))
+        self.runs.join(corpus).join(variant).join(format!("seed{seed}"))
     }
 }
 
