@@ -150,6 +150,16 @@ fn cache_files_name_why_they_are_stale() {
     assert_eq!(cache.load("k", "bytes", 1), Ok(ids));
     assert!(matches!(cache.load("k", "gpt2", 1), Err(Stale::Mismatch(m)) if m.contains("tokenizer")));
     assert!(matches!(cache.load("k", "bytes", 2), Err(Stale::Mismatch(m)) if m.contains("source")));
+    // Truncated, with everything else right: corrupt, not used.
+    let bytes = std::fs::read(cache.path("k")).unwrap();
+    std::fs::write(cache.path("k"), &bytes[..bytes.len() - 1]).unwrap();
+    assert!(matches!(cache.load("k", "bytes", 1), Err(Stale::Corrupt(m)) if m.contains("header says")));
+    cache.store("k", "bytes", 1, &TokenIds::from_u32(vec![5, 6, 7], 256)).unwrap();
+    // A header whose count overflows is corrupt, not a panic.
+    let mut bytes = std::fs::read(cache.path("k")).unwrap();
+    bytes[40..48].copy_from_slice(&u64::MAX.to_le_bytes());
+    std::fs::write(cache.path("k"), &bytes).unwrap();
+    assert!(matches!(cache.load("k", "bytes", 1), Err(Stale::Corrupt(_))));
     std::fs::write(cache.path("k"), b"garbage").unwrap();
     assert!(matches!(cache.load("k", "bytes", 1), Err(Stale::Corrupt(_))));
 }
@@ -186,10 +196,10 @@ fn splits_are_by_document_seeded_and_complete() {
 fn text_documents_are_the_blocks_between_blank_lines() {
     let dir = temp_dir("text");
     let path = dir.join("play.txt");
-    std::fs::write(&path, "First:\nline one\nline two\n\n\nSecond:\nmore\r\n\r\nThird:\nend\n").unwrap();
+    std::fs::write(&path, "First:\nline one\nline two\n\n\nSecond:\nmore\r\n\r\nThird:\nend\n \n = Fourth = \n").unwrap();
     let docs = read_text_documents(&path).unwrap();
     let texts: Vec<&str> = docs.iter().map(|d| d.text.as_str()).collect();
-    assert_eq!(texts, ["First:\nline one\nline two", "Second:\nmore", "Third:\nend"]);
+    assert_eq!(texts, ["First:\nline one\nline two", "Second:\nmore", "Third:\nend", " = Fourth = "]);
 }
 
 #[test]
@@ -304,8 +314,13 @@ fn evaluation_walks_non_overlapping_windows_in_order() {
     let expected: Vec<i64> = text.bytes().take(900).map(i64::from).collect();
     assert_eq!(inputs, expected);
     assert_eq!(batches.iter().map(|b| b.target_bytes).sum::<u64>(), 900);
-    let capped = eval_batches(&stream, 100, 4, Some(5)).unwrap();
-    assert_eq!(capped.iter().map(|b| b.rows).sum::<usize>(), 5);
+    // A cap spreads its windows over the whole stream: 3 of the 9 windows are windows 0, 3 and 6.
+    let capped = eval_batches(&stream, 100, 4, Some(3)).unwrap();
+    assert_eq!(capped.iter().map(|b| b.rows).sum::<usize>(), 3);
+    let firsts: Vec<i64> = capped[0].inputs.chunks(100).map(|w| w[0]).collect();
+    let expected: Vec<i64> = [0usize, 300, 600].iter().map(|&i| text.as_bytes()[i] as i64).collect();
+    assert_eq!(firsts, expected);
+    assert_eq!(capped[0].inputs[200..300], inputs[600..700]);
     assert_eq!(eval_batches(&stream, 100, 4, None).unwrap(), batches);
 }
 
@@ -329,6 +344,9 @@ fn wiki_rows() -> Vec<&'static str> {
     vec!["", " = Robert Boulter = \n", "", " Robert Boulter is an English actor . \n", ""]
 }
 
+/// What `wiki.valid.raw` holds for those rows: the Hub stores its blank lines (`" \n"`) as "".
+const WIKI_RAW: &str = " \n = Robert Boulter = \n \n Robert Boulter is an English actor . \n \n";
+
 #[test]
 fn hub_download_is_cached_and_the_second_run_makes_no_request() {
     let dir = temp_dir("hub");
@@ -336,7 +354,7 @@ fn hub_download_is_cached_and_the_second_run_makes_no_request() {
     server.add(WIKI2_VALID, parquet_of("text", &wiki_rows()));
     let hub = hub_for(&server, &dir);
     let text = hub.wikitext_split(WikiText::Wiki2, "validation").unwrap();
-    assert_eq!(text, wiki_rows().concat());
+    assert_eq!(text, WIKI_RAW);
     let requests = server.requests();
     assert!(requests >= 2, "metadata and body requests, got {requests}");
     let again = hub.wikitext_split(WikiText::Wiki2, "validation").unwrap();
@@ -377,7 +395,7 @@ fn failed_downloads_name_the_url_and_leave_nothing_usable() {
     let good = HubServer::start(Mode::Serve);
     good.add(WIKI2_VALID, parquet_of("text", &wiki_rows()));
     let text = hub_for(&good, &dir).wikitext_split(WikiText::Wiki2, "validation").unwrap();
-    assert_eq!(text, wiki_rows().concat());
+    assert_eq!(text, WIKI_RAW);
 }
 
 /// Runs in a child process (so setting variables races with no other test): hf-hub's
@@ -406,7 +424,7 @@ fn hub_child_with_environment() {
         return;
     }
     let text = Hub::default().wikitext_split(WikiText::Wiki2, "validation").unwrap();
-    assert_eq!(text, wiki_rows().concat());
+    assert_eq!(text, WIKI_RAW);
 }
 
 // ---- the real corpora in ../shared/data ----

@@ -38,8 +38,8 @@ impl TokenBatch {
 
 /// Random contiguous windows of `seq_len + 1` tokens from a training stream.
 ///
-/// The batch of step `s` depends only on `(seed, s)`, so a resumed run sees exactly the batches
-/// the uninterrupted run would have.
+/// The batch of index `i` (the harness's micro-batch counter) depends only on `(seed, i)`, so a
+/// resumed run sees exactly the batches the uninterrupted run would have.
 #[derive(Clone, Debug)]
 pub struct TrainWindows<'a> {
     stream: &'a TokenStream,
@@ -57,18 +57,20 @@ impl<'a> TrainWindows<'a> {
         Ok(TrainWindows { stream, seq_len, seed })
     }
 
-    /// The batch of training step `step`: `rows` windows at uniformly random starts.
-    pub fn batch(&self, step: u64, rows: usize) -> TokenBatch {
+    /// Batch number `index`: `rows` windows at uniformly random starts.
+    pub fn batch(&self, index: u64, rows: usize) -> TokenBatch {
         // SplitMix-style mixing so neighbouring steps get unrelated generators.
-        let mut rng = StdRng::seed_from_u64(mix(self.seed, step));
+        let mut rng = StdRng::seed_from_u64(mix(self.seed, index));
         let last_start = self.stream.len() - self.seq_len - 1;
         let starts: Vec<usize> = (0..rows).map(|_| rng.random_range(0..=last_start)).collect();
         TokenBatch::from_starts(self.stream, &starts, self.seq_len)
     }
 }
 
-/// The evaluation walk: non-overlapping windows from the start of the stream, in batches of
-/// `rows`, at most `max_windows` windows (all that fit if `None`). The same on every call.
+/// The evaluation walk: non-overlapping windows of the stream, in batches of `rows`. With
+/// `max_windows` smaller than the windows that fit, that many are taken evenly spaced over the
+/// whole stream (not the first ones: a corpus's validation documents differ, e.g. by genre).
+/// The same on every call.
 ///
 /// # Errors
 /// If the stream is shorter than one window.
@@ -81,7 +83,8 @@ pub fn eval_batches(
     check_window("validation", stream, seq_len)?;
     let fit = (stream.len() - 1) / seq_len;
     let windows = max_windows.map_or(fit, |m| m.min(fit));
-    let starts: Vec<usize> = (0..windows).map(|w| w * seq_len).collect();
+    // Window w of `windows` is the (w·fit/windows)-th of the `fit` non-overlapping ones.
+    let starts: Vec<usize> = (0..windows).map(|w| w * fit / windows * seq_len).collect();
     Ok(starts
         .chunks(rows.max(1))
         .map(|chunk| TokenBatch::from_starts(stream, chunk, seq_len))

@@ -8,7 +8,7 @@
 
 use super::{DataError, TokenIds};
 use crate::common::atomic;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 const MAGIC: &[u8; 8] = b"CQKTOKS\n";
 /// The cache format's version; a file of another version is rebuilt.
@@ -109,10 +109,10 @@ fn decode(bytes: &[u8], tokenizer: &str, source_hash: u64) -> Result<TokenIds, S
     if u64_at(32) != source_hash {
         return Err(Stale::Mismatch("the source text changed".into()));
     }
-    let count = u64_at(40) as usize;
     let body = &bytes[HEADER_LEN..];
-    if body.len() != count * width {
-        return Err(Stale::Corrupt(format!("{} bytes of ids, the header says {}", body.len(), count * width)));
+    let expected = usize::try_from(u64_at(40)).ok().and_then(|count| count.checked_mul(width));
+    if expected != Some(body.len()) {
+        return Err(Stale::Corrupt(format!("{} bytes of ids, the header says {}", body.len(), u64_at(40).saturating_mul(width as u64))));
     }
     Ok(match width {
         2 => TokenIds::U16(body.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect()),
@@ -136,9 +136,4 @@ pub fn fnv1a64(bytes: &[u8]) -> u64 {
         hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
     }
     hash
-}
-
-/// Whether `path` is a cache file (for tools that list or clean caches).
-pub fn is_cache_file(path: &Path) -> bool {
-    path.extension().is_some_and(|e| e == "tok")
 }

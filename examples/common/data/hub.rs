@@ -107,8 +107,9 @@ impl Hub {
         Ok(path)
     }
 
-    /// The text of one WikiText split from the Hub: its rows concatenated (each row is a source
-    /// line with its newline).
+    /// The text of one WikiText split from the Hub, byte for byte `wiki.{split}.raw`: the rows
+    /// concatenated (each row is a source line with its newline), with the blank lines the Hub's
+    /// builder stored as empty rows put back as the raw file's `" \n"`.
     pub fn wikitext_split(&self, variant: WikiText, split: &str) -> Result<String, DataError> {
         if variant == WikiText::Local {
             return Err(DataError::Invalid("a local WikiText needs its folder (--data-dir)".into()));
@@ -116,8 +117,17 @@ impl Hub {
         let mut text = String::new();
         for file in variant.files(split) {
             let path = self.dataset_file(WIKITEXT_REPO, &file)?;
-            for row in read_parquet_text(&path)? {
-                text.push_str(&row);
+            // A file that opened but whose rows do not read is as broken as a truncated one.
+            let rows = read_parquet_text(&path).map_err(|e| {
+                let removed = remove_cached(&path);
+                DataError::Download {
+                    url: file.clone(),
+                    message: format!("{e}; {removed}"),
+                    hint: "run again to download it afresh".into(),
+                }
+            })?;
+            for row in rows {
+                text.push_str(if row.is_empty() { " \n" } else { &row });
             }
         }
         Ok(text)

@@ -78,7 +78,10 @@ pub fn load_corpus(source: &CorpusSource, tokenizer: TokenizerKind, options: &Lo
                 let ids = tokenise(tokenizer.as_ref(), text, options.verbose, &format!("{name} {split}"));
                 tokenise_seconds += start.elapsed().as_secs_f64();
                 tokenised_bytes += text.len();
-                options.cache.store(&key, tokenizer.id(), hash, &ids)?;
+                // Losing the cache costs the next run time, not this run its data.
+                if let Err(e) = options.cache.store(&key, tokenizer.id(), hash, &ids) {
+                    eprintln!("warning: {e}; continuing without a token cache (set --cache-dir or COUPLED_QK_CACHE to a writable folder)");
+                }
                 ids
             }
         };

@@ -51,6 +51,15 @@ impl FromStr for CorpusSource {
 }
 
 impl CorpusSource {
+    /// Where the corpus is: its path, or the Hub dataset.
+    pub fn describe(&self) -> String {
+        match self {
+            CorpusSource::WikiText { dir: Some(dir), .. } => dir.display().to_string(),
+            CorpusSource::WikiText { variant, dir: None } => format!("{} (Hugging Face Hub)", variant.name()),
+            CorpusSource::Jsonl(p) | CorpusSource::Text(p) => p.display().to_string(),
+        }
+    }
+
     /// A short name for caches and reports.
     pub fn name(&self) -> String {
         // `tinyshakespeare/input.txt` is better named by its folder than by `input`.
@@ -118,12 +127,12 @@ pub fn read_corpus(source: &CorpusSource, split: SplitOptions, hub: &Hub) -> Res
         CorpusSource::WikiText { variant, dir: None } => {
             (hub.wikitext_split(*variant, "train")?, hub.wikitext_split(*variant, "validation")?)
         }
-        CorpusSource::Jsonl(path) => split_documents(&path.display().to_string(), read_jsonl(path)?, split)?,
-        CorpusSource::Text(path) => split_documents(&path.display().to_string(), read_text_documents(path)?, split)?,
+        CorpusSource::Jsonl(path) => split_documents(&source.describe(), read_jsonl(path)?, split)?,
+        CorpusSource::Text(path) => split_documents(&source.describe(), read_text_documents(path)?, split)?,
     };
     for (name, text) in [("training", &train), ("validation", &valid)] {
         if text.trim().is_empty() {
-            return Err(DataError::Empty { what: format!("the {name} split of {}", source.name()) });
+            return Err(DataError::Empty { what: format!("the {name} split of {}", source.describe()) });
         }
     }
     Ok(CorpusText { train, valid })
@@ -179,16 +188,23 @@ pub fn read_jsonl(path: &Path) -> Result<Vec<Document>, DataError> {
     Ok(documents)
 }
 
-/// Reads a text file; its documents are the blocks between blank lines.
+/// Reads a text file; its documents are the blocks between blank lines (lines of nothing but
+/// whitespace, as WikiText's `" \n"`).
 pub fn read_text_documents(path: &Path) -> Result<Vec<Document>, DataError> {
     let text = read_utf8(path)?;
-    let normalised = text.replace("\r\n", "\n");
-    Ok(normalised
-        .split("\n\n")
-        .map(|block| block.trim_matches('\n'))
-        .filter(|block| !block.trim().is_empty())
-        .map(|block| Document { text: block.to_owned(), meta: Default::default() })
-        .collect())
+    let mut documents = Vec::new();
+    let mut block: Vec<&str> = Vec::new();
+    for line in text.lines().chain(std::iter::once("")) {
+        if line.trim().is_empty() {
+            if !block.is_empty() {
+                documents.push(Document { text: block.join("\n"), meta: Default::default() });
+                block.clear();
+            }
+        } else {
+            block.push(line);
+        }
+    }
+    Ok(documents)
 }
 
 /// Splits documents into training and validation text, never inside a document: a seeded

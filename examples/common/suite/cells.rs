@@ -2,7 +2,7 @@
 //! it already finished, then read back.
 
 use crate::common::data::TokenizedCorpus;
-use crate::common::lm::{RunOptions, RunSummary, TrainConfig, TrainError, read_metrics, train_with};
+use crate::common::lm::{RunConfig, RunOptions, RunSummary, TrainConfig, TrainError, differing_fields, read_metrics, train_with};
 use burn::tensor::backend::AutodiffBackend;
 use std::path::{Path, PathBuf};
 
@@ -77,7 +77,9 @@ pub fn run_cell<B: AutodiffBackend>(
     device: &B::Device,
 ) -> Result<CellResult, TrainError> {
     let dir = suite.cell_dir(&corpus.name, variant, config.seed);
-    let summary = match finished_summary(&dir).filter(|s| s.max_steps == config.max_steps) {
+    // A finished run counts only if it was trained with exactly this config and corpus; otherwise
+    // the harness's resume refuses it, naming the fields that differ.
+    let summary = match finished_summary(&dir).filter(|_| same_config(&dir, config, corpus)) {
         Some(summary) => {
             eprintln!("{}: finished before, skipped", dir.display());
             summary
@@ -114,6 +116,17 @@ pub fn run_cell<B: AutodiffBackend>(
         curve,
         dir,
     })
+}
+
+fn same_config(dir: &Path, config: &TrainConfig, corpus: &TokenizedCorpus) -> bool {
+    let Ok(text) = std::fs::read_to_string(dir.join("config.json")) else { return false };
+    let (Ok(old), Ok(new)) = (
+        serde_json::from_str::<serde_json::Value>(&text),
+        serde_json::from_str::<serde_json::Value>(&RunConfig::new(config, corpus).to_json()),
+    ) else {
+        return false;
+    };
+    differing_fields(&old, &new).is_empty()
 }
 
 fn finished_summary(dir: &Path) -> Option<RunSummary> {
