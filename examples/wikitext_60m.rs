@@ -4,6 +4,8 @@
 //! ```sh
 //! cargo run --release --features cuda --example wikitext_60m -- --attention euler
 //! cargo run --release --features cuda --example wikitext_60m -- --attention standard
+//! # data-parallel on 4 GPUs (CUDA devices 0..4; batch_size must be divisible by 4):
+//! cargo run --release --features cuda --example wikitext_60m -- --attention euler --devices 4
 //! # CPU-scale check on a local corpus:
 //! cargo run --release --example wikitext_60m -- --preset tiny --tokenizer bytes \
 //!     --corpus ../shared/data/tinyshakespeare/input.txt --max-steps 300
@@ -15,9 +17,9 @@
 mod common;
 
 use clap::Parser;
-use common::backend::{BackendChoice, BackendTask, dispatch};
+use common::backend::{BackendChoice, MultiDeviceTask, dispatch_devices};
 use common::data::{CorpusSource, Hub, LoadOptions, SplitOptions, TokenCache, TokenizedCorpus, TokenizerKind, load_corpus};
-use common::lm::{RunOptions, TrainConfig, train_with};
+use common::lm::{RunOptions, TrainConfig, train_on_devices};
 use coupled_qk::DynamicsConfig;
 use coupled_qk::model::{AttentionVariant, GptConfig, Preset};
 use burn::tensor::backend::AutodiffBackend;
@@ -89,6 +91,10 @@ struct Args {
     /// auto (CUDA, then WGPU, then Flex), flex, wgpu or cuda.
     #[arg(long, default_value = "auto")]
     backend: BackendChoice,
+    /// Train data-parallel on this many GPUs of the backend (CUDA devices 0..N, or WGPU's discrete
+    /// GPUs 0..N): each takes batch_size / N rows of every micro-batch. Flex accepts only 1.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+    devices: u16,
     /// Token cache folder (default: $COUPLED_QK_CACHE or ~/.cache/coupled-qk).
     #[arg(long)]
     cache_dir: Option<PathBuf>,
@@ -133,6 +139,18 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         hub: Hub { progress: true, ..Hub::default() },
         verbose: true,
     };
+    // Before the (possibly long) corpus load: every device takes an equal share of each micro-batch.
+    let mut defaults = TrainConfig::new(GptConfig::preset(args.preset, 256));
+    preset_defaults(args.preset, &mut defaults);
+    let batch_size = args.batch_size.unwrap_or(defaults.batch_size);
+    if batch_size % usize::from(args.devices) != 0 {
+        return Err(format!(
+            "--devices {}: the batch size ({batch_size}) must be divisible by the number of devices; \
+             set --batch-size to a multiple of {} (and --grad-accum to keep the tokens per step)",
+            args.devices, args.devices
+        )
+        .into());
+    }
     let corpus = load_corpus(&source, args.tokenizer, &options)?.corpus;
 
     let model = GptConfig::preset(args.preset, corpus.vocab_size).with_variant(args.attention.with_steps(args.steps));
@@ -171,7 +189,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         out.display()
     );
     let task = Train { config, corpus, out, options: RunOptions { resume: args.resume, stop_at: args.stop_at, ..RunOptions::default() }, preset: args.preset };
-    dispatch(args.backend, task)?
+    dispatch_devices(args.backend, usize::from(args.devices), task)?
 }
 
 fn preset_name(preset: Preset) -> &'static str {
@@ -191,9 +209,9 @@ struct Train {
     preset: Preset,
 }
 
-impl BackendTask for Train {
+impl MultiDeviceTask for Train {
     type Output = Result<(), Box<dyn std::error::Error>>;
-    fn run<B: AutodiffBackend>(self, device: B::Device, _name: &'static str, gpu: bool) -> Self::Output {
+    fn run<B: AutodiffBackend>(self, devices: Vec<B::Device>, _name: &'static str, gpu: bool) -> Self::Output {
         if !gpu && self.preset != Preset::Tiny {
             eprintln!(
                 "note: training the {} preset on the CPU: the progress bar's ETA shows how long the full budget \
@@ -201,7 +219,7 @@ impl BackendTask for Train {
                 preset_name(self.preset)
             );
         }
-        let summary = train_with::<B>(&self.config, &self.corpus, &self.out, &self.options, &device)?;
+        let summary = train_on_devices::<B>(&self.config, &self.corpus, &self.out, &self.options, &devices)?;
         println!("{}", serde_json::to_string_pretty(&summary)?);
         Ok(())
     }

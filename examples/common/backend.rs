@@ -1,5 +1,7 @@
 //! Which backend an example trains on: `--backend flex|wgpu|cuda|auto`. GPU backends exist only
 //! when the crate is built with their feature (`--features cuda` or `--features wgpu`).
+//! [`dispatch`] runs a task on one device; [`dispatch_devices`] on several GPUs of one backend
+//! (`--devices N` of `wikitext_60m`: data-parallel training).
 
 use burn::tensor::backend::AutodiffBackend;
 use std::str::FromStr;
@@ -30,7 +32,7 @@ impl FromStr for BackendChoice {
     }
 }
 
-/// Work generic over the backend (closures cannot be).
+/// Work generic over the backend (closures cannot be), on one device.
 pub trait BackendTask {
     /// What the work returns.
     type Output;
@@ -38,11 +40,46 @@ pub trait BackendTask {
     fn run<B: AutodiffBackend>(self, device: B::Device, name: &'static str, gpu: bool) -> Self::Output;
 }
 
-/// Runs `task` on the chosen backend, printing the choice.
+/// Work generic over the backend on several devices of it (data-parallel training).
+pub trait MultiDeviceTask {
+    /// What the work returns.
+    type Output;
+    /// Runs on backend `B` over `devices` (at least one; the first is the main device); `name`
+    /// says which backend, `gpu` whether it is a GPU backend.
+    fn run<B: AutodiffBackend>(self, devices: Vec<B::Device>, name: &'static str, gpu: bool) -> Self::Output;
+}
+
+/// A one-device task run through [`dispatch_devices`].
+struct OneDevice<T>(T);
+
+impl<T: BackendTask> MultiDeviceTask for OneDevice<T> {
+    type Output = T::Output;
+    fn run<B: AutodiffBackend>(self, devices: Vec<B::Device>, name: &'static str, gpu: bool) -> Self::Output {
+        let device = devices.into_iter().next().expect("dispatch asks for one device");
+        self.0.run::<B>(device, name, gpu)
+    }
+}
+
+/// Runs `task` on the chosen backend's default device, printing the choice.
 ///
 /// # Errors
 /// If the chosen backend was not compiled in, or (CUDA) no device answers.
 pub fn dispatch<T: BackendTask>(choice: BackendChoice, task: T) -> Result<T::Output, String> {
+    dispatch_devices(choice, 1, OneDevice(task))
+}
+
+/// Runs `task` on `count` devices of the chosen backend, printing the choice. One device is the
+/// backend's default one; several are CUDA devices `0..count` (`CudaDevice::new(i)`) or WGPU's
+/// discrete GPUs `0..count` (`WgpuDevice::DiscreteGpu(i)`). Flex is one CPU device (its kernels
+/// already use every core), so it refuses `count > 1`.
+///
+/// # Errors
+/// `count` 0; the chosen backend not compiled in; (CUDA, WGPU) a device that does not answer;
+/// (Flex) `count > 1`.
+pub fn dispatch_devices<T: MultiDeviceTask>(choice: BackendChoice, count: usize, task: T) -> Result<T::Output, String> {
+    if count == 0 {
+        return Err("--devices must be at least 1".into());
+    }
     let chosen = match choice {
         BackendChoice::Auto if cuda_works() => BackendChoice::Cuda,
         BackendChoice::Auto if cfg!(feature = "wgpu") => BackendChoice::Wgpu,
@@ -50,11 +87,19 @@ pub fn dispatch<T: BackendTask>(choice: BackendChoice, task: T) -> Result<T::Out
         other => other,
     };
     match chosen {
-        BackendChoice::Cuda => run_cuda(task),
-        BackendChoice::Wgpu => run_wgpu(task),
+        BackendChoice::Cuda => run_cuda(task, count),
+        BackendChoice::Wgpu => run_wgpu(task, count),
         _ => {
+            if count > 1 {
+                return Err(format!(
+                    "--devices {count}: the Flex (CPU) backend is one device, whose kernels already use every \
+                     core ({} threads); several devices need GPUs (--backend cuda or wgpu, built with \
+                     --features cuda or wgpu). Use --devices 1 on the CPU",
+                    rayon::current_num_threads()
+                ));
+            }
             eprintln!("backend: Flex (CPU, {} threads)", rayon::current_num_threads());
-            Ok(task.run::<burn::backend::Autodiff<burn::backend::Flex>>(Default::default(), "flex", false))
+            Ok(task.run::<burn::backend::Autodiff<burn::backend::Flex>>(vec![Default::default()], "flex", false))
         }
     }
 }
@@ -76,27 +121,62 @@ fn cuda_works() -> bool {
     false
 }
 
+/// Whether a first op on `device` runs (a missing device panics; that is the probe). Compiled in
+/// every build (it is generic), though only the GPU backends call it.
+fn answers<B: burn::tensor::backend::Backend>(device: &B::Device) -> bool {
+    use burn::tensor::Tensor;
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        Tensor::<B, 1>::ones([1], device).into_data();
+    }))
+    .is_ok()
+}
+
 #[cfg(feature = "cuda")]
-fn run_cuda<T: BackendTask>(task: T) -> Result<T::Output, String> {
+fn run_cuda<T: MultiDeviceTask>(task: T, count: usize) -> Result<T::Output, String> {
+    use burn::backend::cuda::CudaDevice;
     if !cuda_works() {
         return Err("no CUDA device answers: check the driver (nvidia-smi), or use --backend flex".into());
     }
-    eprintln!("backend: CUDA (device 0)");
-    Ok(task.run::<burn::backend::Autodiff<burn::backend::Cuda>>(Default::default(), "cuda", true))
+    let devices: Vec<CudaDevice> = (0..count).map(CudaDevice::new).collect();
+    if let Some(missing) = devices.iter().find(|d| !answers::<burn::backend::Cuda>(d)) {
+        return Err(format!(
+            "--devices {count}: CUDA device {} does not answer (check nvidia-smi, and \
+             CUDA_VISIBLE_DEVICES); lower --devices",
+            missing.index
+        ));
+    }
+    if count == 1 {
+        eprintln!("backend: CUDA (device 0)");
+    } else {
+        eprintln!("backend: CUDA (devices 0..{count}, data-parallel; device 0 is the main one)");
+    }
+    Ok(task.run::<burn::backend::Autodiff<burn::backend::Cuda>>(devices, "cuda", true))
 }
 
 #[cfg(not(feature = "cuda"))]
-fn run_cuda<T: BackendTask>(_task: T) -> Result<T::Output, String> {
+fn run_cuda<T: MultiDeviceTask>(_task: T, _count: usize) -> Result<T::Output, String> {
     Err("this build has no CUDA backend: rebuild with `--features cuda`, or use --backend flex".into())
 }
 
 #[cfg(feature = "wgpu")]
-fn run_wgpu<T: BackendTask>(task: T) -> Result<T::Output, String> {
-    eprintln!("backend: WGPU (default adapter; on a machine without a GPU this is a slow CPU driver)");
-    Ok(task.run::<burn::backend::Autodiff<burn::backend::Wgpu>>(Default::default(), "wgpu", true))
+fn run_wgpu<T: MultiDeviceTask>(task: T, count: usize) -> Result<T::Output, String> {
+    use burn::backend::wgpu::WgpuDevice;
+    if count == 1 {
+        eprintln!("backend: WGPU (default adapter; on a machine without a GPU this is a slow CPU driver)");
+        return Ok(task.run::<burn::backend::Autodiff<burn::backend::Wgpu>>(vec![WgpuDevice::default()], "wgpu", true));
+    }
+    let devices: Vec<WgpuDevice> = (0..count).map(WgpuDevice::DiscreteGpu).collect();
+    if let Some(missing) = devices.iter().position(|d| !answers::<burn::backend::Wgpu>(d)) {
+        return Err(format!(
+            "--devices {count}: WGPU finds no discrete GPU {missing} (several devices are discrete GPUs \
+             0..{count}); lower --devices"
+        ));
+    }
+    eprintln!("backend: WGPU (discrete GPUs 0..{count}, data-parallel; GPU 0 is the main one)");
+    Ok(task.run::<burn::backend::Autodiff<burn::backend::Wgpu>>(devices, "wgpu", true))
 }
 
 #[cfg(not(feature = "wgpu"))]
-fn run_wgpu<T: BackendTask>(_task: T) -> Result<T::Output, String> {
+fn run_wgpu<T: MultiDeviceTask>(_task: T, _count: usize) -> Result<T::Output, String> {
     Err("this build has no WGPU backend: rebuild with `--features wgpu`, or use --backend flex".into())
 }

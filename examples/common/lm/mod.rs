@@ -23,4 +23,4 @@ pub use error::TrainError;
 pub use eval::{Validation, batch_loss, batch_nats, batch_tensors, evaluate};
 pub use metrics::{HEADER, MetricsLog, MetricsRow, read_metrics};
 pub use plot::write_loss_plot;
-pub use train::{RunOptions, RunSummary, train, train_with};
+pub use train::{RunOptions, RunSummary, batch_gradients, train, train_on_devices, train_with};

@@ -5,6 +5,9 @@
 //! `(seed, s)` (see [`TrainWindows`]); the backend's random generator is reseeded from
 //! `(seed, s)` at the start of every step, so dropout (if any) does not depend on what ran before;
 //! and a checkpoint holds the weights, the parameter ids and AdamW's moments at full precision.
+//!
+//! Several devices ([`train_on_devices`]) change only how a micro-batch's gradient is computed:
+//! its rows are sharded across the devices and the shards' gradients summed on the main device.
 
 use super::checkpoint::{
     CheckpointState, list_checkpoints, load_checkpoint, prune_checkpoints, save_checkpoint,
@@ -16,7 +19,7 @@ use super::metrics::{MetricsLog, MetricsRow, read_metrics};
 use super::plot::write_loss_plot;
 use super::{TrainConfig, TrainError, Validation};
 use crate::common::atomic;
-use crate::common::data::{TokenizedCorpus, TrainWindows, eval_batches};
+use crate::common::data::{TokenBatch, TokenizedCorpus, TrainWindows, eval_batches};
 use burn::module::{AutodiffModule, Module};
 use burn::optim::{AdamWConfig, GradientsAccumulator, GradientsParams, Optimizer};
 use burn::tensor::ElementConversion;
@@ -97,7 +100,7 @@ pub fn train<B: AutodiffBackend>(
     train_with::<B>(config, corpus, out_dir, &options, device)
 }
 
-/// [`train`] with all its options.
+/// [`train`] with all its options: [`train_on_devices`] on one device.
 pub fn train_with<B: AutodiffBackend>(
     config: &TrainConfig,
     corpus: &TokenizedCorpus,
@@ -105,7 +108,55 @@ pub fn train_with<B: AutodiffBackend>(
     options: &RunOptions,
     device: &B::Device,
 ) -> Result<RunSummary, TrainError> {
+    train_on_devices::<B>(
+        config,
+        corpus,
+        out_dir,
+        options,
+        std::slice::from_ref(device),
+    )
+}
+
+/// [`train_with`] data-parallel over several devices of one backend.
+///
+/// Every micro-batch's `batch_size` rows are split into `devices.len()` equal shards (so
+/// `batch_size` must be divisible by the device count); each device runs forward and backward on
+/// its shard with a fork of the model, all at once (one thread per device), its loss scaled so
+/// that the shards' gradients sum to the one-device gradient of the whole micro-batch. The
+/// gradients are moved to the main device, `devices[0]`, and summed there; clipping and the
+/// AdamW step then run once, on the main device, which also holds the optimiser state, evaluates
+/// and writes the checkpoints. Data order, schedule, checkpoints and resume are those of one
+/// device; with one device this is exactly [`train_with`].
+///
+/// # Errors
+/// Those of [`train_with`], and [`TrainError::Config`] for no device or a `batch_size` not
+/// divisible by the device count.
+pub fn train_on_devices<B: AutodiffBackend>(
+    config: &TrainConfig,
+    corpus: &TokenizedCorpus,
+    out_dir: &Path,
+    options: &RunOptions,
+    devices: &[B::Device],
+) -> Result<RunSummary, TrainError> {
     config.validate_for(corpus)?;
+    let Some(device) = devices.first() else {
+        return Err(TrainError::Config {
+            field: "devices".into(),
+            value: "[]".into(),
+            message: "at least one device is needed".into(),
+        });
+    };
+    if config.batch_size % devices.len() != 0 {
+        return Err(TrainError::Config {
+            field: "batch_size".into(),
+            value: config.batch_size.to_string(),
+            message: format!(
+                "must be divisible by the number of devices ({n}): each device takes \
+                 batch_size / {n} rows of every micro-batch",
+                n = devices.len()
+            ),
+        });
+    }
     if options.stop_at == Some(0) {
         return Err(TrainError::Config {
             field: "stop_at".into(),
@@ -196,6 +247,15 @@ pub fn train_with<B: AutodiffBackend>(
         config.tokens_per_step(),
         out_dir.display()
     ));
+    if devices.len() > 1 {
+        say(format!(
+            "data-parallel over {} devices {:?} ({} rows each per micro-batch; main device {:?})",
+            devices.len(),
+            devices,
+            config.batch_size / devices.len(),
+            device
+        ));
+    }
     let progress = progress_bar(options.quiet, stop, step);
     let schedule = config.schedule();
     let plot_title = format!("{} on {}", config.model.variant().name(), corpus.name);
@@ -210,25 +270,32 @@ pub fn train_with<B: AutodiffBackend>(
         let s = step + 1;
         let timer = Instant::now();
         let mut side_time = Duration::ZERO;
+        // Burn's Flex and CubeCL generators are process-global (the device is ignored): seeding
+        // the main device seeds them all. With several devices, dropout (if any) draws from it
+        // in whatever order the devices' threads run, so only then is a step's randomness not
+        // reproducible.
         B::seed(device, step_seed(config.seed, s as u64));
         let lr = schedule.at(step);
         let mut accumulator = GradientsAccumulator::<Gpt<B>>::new();
         let mut loss_sum = 0.0;
         for i in 0..config.grad_accum {
             let index = (step * config.grad_accum + i) as u64;
-            let loss = batch_loss(&model, &windows.batch(index, config.batch_size), device);
-            let value = loss.clone().into_scalar().elem::<f64>();
-            if !value.is_finite() {
-                progress.abandon_with_message(format!("loss {value} at step {s}"));
-                return Err(TrainError::NonFinite {
-                    step: s,
-                    loss: value,
-                    checkpoint: last_checkpoint,
-                });
-            }
+            let batch = windows.batch(index, config.batch_size);
+            let value = match batch_gradients(&model, &batch, devices, config.grad_accum) {
+                Ok((value, grads)) => {
+                    accumulator.accumulate(&model, grads);
+                    value
+                }
+                Err(value) => {
+                    progress.abandon_with_message(format!("loss {value} at step {s}"));
+                    return Err(TrainError::NonFinite {
+                        step: s,
+                        loss: value,
+                        checkpoint: last_checkpoint,
+                    });
+                }
+            };
             loss_sum += value;
-            let grads = (loss / config.grad_accum as f64).backward();
-            accumulator.accumulate(&model, GradientsParams::from_grads(grads, &model));
         }
         // The previous step's weights gave finite losses: only now is its checkpoint written
         // (the model and optimiser still hold that step's state until the update below).
@@ -350,6 +417,111 @@ pub fn train_with<B: AutodiffBackend>(
         None => format!("{:.0} tok/s", summary.tokens_per_s),
     });
     Ok(summary)
+}
+
+/// Forward and backward of one micro-batch over `devices`: the micro-batch's mean token loss and
+/// the gradient of `loss / grad_accum` (what the training loop accumulates), on the main device
+/// `devices[0]`. `Err` holds a non-finite loss (of a shard, with several devices), whose backward
+/// is skipped.
+///
+/// With one device this is the plain step (no thread, no fork, no copy of the batch). With
+/// several, the rows are split into one equal shard per device (`batch.rows` must be divisible by
+/// `devices.len()`); the main thread takes the first shard with `model` itself, and a scoped
+/// thread per other device takes the next with `model.fork(device)` (the same parameter ids, its
+/// own autodiff graph), each shard's mean loss divided by `devices.len() · grad_accum`. The
+/// shards' gradients are moved to the main device ([`GradientsParams::to_device`]) and summed
+/// there in device order: the one-device gradient of the whole micro-batch up to float rounding.
+/// The loss returned is the mean of the shards' mean losses.
+///
+/// # Panics
+/// If `devices` is empty or does not divide `batch.rows`; a worker's panic is passed on.
+pub fn batch_gradients<B: AutodiffBackend>(
+    model: &Gpt<B>,
+    batch: &TokenBatch,
+    devices: &[B::Device],
+    grad_accum: usize,
+) -> Result<(f64, GradientsParams), f64> {
+    let main = &devices[0];
+    let n = devices.len();
+    if n == 1 {
+        return shard_grads(model, batch, main, grad_accum as f64);
+    }
+    assert_eq!(
+        batch.rows % n,
+        0,
+        "{} rows do not split over {n} devices",
+        batch.rows
+    );
+    // Each shard's loss is the mean over its rows·seq_len tokens, 1/n of the micro-batch's:
+    // dividing by n·grad_accum makes the shards' gradients sum to the one-device gradient.
+    let divisor = (n * grad_accum) as f64;
+    let shards = split_rows(batch, n);
+    let results: Vec<Result<(f64, GradientsParams), f64>> = std::thread::scope(|scope| {
+        let workers: Vec<_> = devices[1..]
+            .iter()
+            .zip(&shards[1..])
+            .map(|(device, shard)| {
+                // The copy to the device happens in the thread too (as in burn-train).
+                let model = model.clone();
+                scope.spawn(move || shard_grads(&model.fork(device), shard, device, divisor))
+            })
+            .collect();
+        let mut results = vec![shard_grads(model, &shards[0], main, divisor)];
+        for worker in workers {
+            results.push(
+                worker
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+            );
+        }
+        results
+    });
+    let mut sum = GradientsAccumulator::<Gpt<B>>::new();
+    let mut values = 0.0;
+    for (k, result) in results.into_iter().enumerate() {
+        let (value, grads) = result?;
+        values += value;
+        let grads = if k == 0 {
+            grads
+        } else {
+            grads.to_device::<B, Gpt<B>>(main, model)
+        };
+        sum.accumulate(model, grads);
+    }
+    Ok((values / n as f64, sum.grads()))
+}
+
+/// The mean token loss of `batch` on `device`, and the gradients of `loss / divisor`; `Err` with
+/// the loss when it is not finite (before any backward).
+fn shard_grads<B: AutodiffBackend>(
+    model: &Gpt<B>,
+    batch: &TokenBatch,
+    device: &B::Device,
+    divisor: f64,
+) -> Result<(f64, GradientsParams), f64> {
+    let loss = batch_loss(model, batch, device);
+    let value = loss.clone().into_scalar().elem::<f64>();
+    if !value.is_finite() {
+        return Err(value);
+    }
+    let grads = (loss / divisor).backward();
+    Ok((value, GradientsParams::from_grads(grads, model)))
+}
+
+/// `batch`'s rows in `parts` consecutive equal shards (`rows` divisible by `parts`). Their
+/// `target_bytes` is 0: the training loss does not use it.
+fn split_rows(batch: &TokenBatch, parts: usize) -> Vec<TokenBatch> {
+    let rows = batch.rows / parts;
+    let len = rows * batch.seq_len;
+    (0..parts)
+        .map(|k| TokenBatch {
+            inputs: batch.inputs[k * len..(k + 1) * len].to_vec(),
+            targets: batch.targets[k * len..(k + 1) * len].to_vec(),
+            rows,
+            seq_len: batch.seq_len,
+            target_bytes: 0,
+        })
+        .collect()
 }
 
 /// Decides between a fresh run and a resume, checking the folder and the config: the newest
