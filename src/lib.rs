@@ -12,7 +12,7 @@
 //! ```
 //!
 //! with `f` a small learned MLP (the [`CouplingNet`], shared by a layer's heads) and `dt` learned,
-//! integrated by forward [`Euler`](integrator::Euler) or [`Leapfrog`](integrator::Leapfrog).
+//! integrated by forward [`Euler`] or [`Leapfrog`].
 //!
 //! ```
 //! use burn::backend::Flex;
