@@ -475,7 +475,7 @@ fn metrics_rows_round_trip_exactly() {
         step: 7,
         tokens: 3584,
         lr: 0.0029999999999999996,
-        train_loss: 2.718_281_828_459_1,
+        train_loss: 2.651_234_567_890_123,
         val: Some(common::lm::Validation {
             loss: 1.1,
             ppl: 1.1f64.exp(),
