@@ -14,6 +14,7 @@ mod common;
 use clap::Parser;
 use common::mqar::{Sweep, write_markdown, write_plot};
 use coupled_qk::DynamicsConfig;
+use coupled_qk::model::AttentionVariant;
 use std::path::PathBuf;
 
 #[derive(Parser, Debug)]
@@ -26,9 +27,9 @@ struct Args {
     /// Output folder.
     #[arg(long, default_value = "runs/mqar")]
     out: PathBuf,
-    /// Variants, comma-separated: standard, mlp-only, euler, leapfrog.
+    /// Variants, comma-separated: standard, mlp-only, euler, leapfrog, diff.
     #[arg(long, value_delimiter = ',')]
-    variants: Option<Vec<DynamicsConfig>>,
+    variants: Option<Vec<AttentionVariant>>,
     /// Integrator steps of the coupled variants.
     #[arg(long, default_value_t = 1)]
     steps_per_layer: usize,
@@ -80,11 +81,11 @@ fn parse_task(s: &str) -> Result<(usize, usize), String> {
 
 fn main() {
     let args = Args::parse();
-    let default_variants = vec![
-        DynamicsConfig::Standard,
-        DynamicsConfig::MlpOnly,
-        DynamicsConfig::euler(1),
-        DynamicsConfig::leapfrog(1),
+    let default_variants: Vec<AttentionVariant> = vec![
+        DynamicsConfig::Standard.into(),
+        DynamicsConfig::MlpOnly.into(),
+        DynamicsConfig::euler(1).into(),
+        DynamicsConfig::leapfrog(1).into(),
     ];
     let sweep = if args.full {
         Sweep {
@@ -157,7 +158,7 @@ fn main() {
     );
 }
 
-fn base(args: &Args, default_variants: Vec<DynamicsConfig>) -> Sweep {
+fn base(args: &Args, default_variants: Vec<AttentionVariant>) -> Sweep {
     Sweep {
         vocab: 0,
         tasks: vec![],

@@ -154,7 +154,7 @@ fn a_short_run_learns_that_labels_are_values() {
     use common::mqar::{MqarRun, train};
     let run = MqarRun {
         task: MqarTask::new(16, 8, 2),
-        dynamics: coupled_qk::DynamicsConfig::euler(1),
+        variant: coupled_qk::DynamicsConfig::euler(1).into(),
         d_model: 16,
         n_heads: 1,
         n_layers: 2,
@@ -187,7 +187,7 @@ fn a_sweep_resumes_and_refuses_a_different_one() {
     let sweep = Sweep {
         vocab: 16,
         tasks: vec![(8, 2)],
-        variants: vec![coupled_qk::DynamicsConfig::Standard],
+        variants: vec![coupled_qk::DynamicsConfig::Standard.into()],
         d_models: vec![8],
         lrs: vec![1e-3, 3e-3],
         n_heads: 1,

@@ -21,7 +21,8 @@ use std::path::{Path, PathBuf};
 const MODEL: &str = "model.mpk";
 const OPTIMIZER: &str = "optimizer.mpk";
 const STATE: &str = "state.json";
-const FORMAT: u32 = 1;
+/// 2 since blocks hold a `BlockAttention` enum (format 1 records do not load).
+const FORMAT: u32 = 2;
 
 /// The loop's own state at a checkpoint (the model and optimiser have their records).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -169,10 +170,13 @@ where
     let state: CheckpointState =
         serde_json::from_slice(&read(STATE)?).map_err(|e| corrupt(STATE, e.to_string()))?;
     if state.format != FORMAT {
-        return Err(corrupt(
-            STATE,
-            format!("format {} (this build reads {FORMAT})", state.format),
-        ));
+        // Format 1 stored each block's attention as a plain struct; since BlockAttention (an enum
+        // of coupled and differential attention) its records do not load.
+        return Err(TrainError::Corrupt {
+            path: dir.join(STATE),
+            message: format!("checkpoint format {} (this build reads {FORMAT})", state.format),
+            hint: "it was written by another version of the harness; start the run afresh in a new folder",
+        });
     }
     let model_record = Recorder::<B>::load(&recorder(), read(MODEL)?, device).map_err(|e| {
         corrupt(

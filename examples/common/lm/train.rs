@@ -369,7 +369,9 @@ pub fn train_on_devices<B: AutodiffBackend>(
         if step < config.max_steps {
             // Stopped early: vouch for the weights with the loss of the next step's first micro-batch
             // (at max_steps the final validation loss, checked above, does it).
-            let batch = windows.batch((step * config.grad_accum) as u64, config.batch_size);
+            // One device's shard of rows: the whole micro-batch of a multi-GPU run may not fit on one.
+            let rows = config.batch_size / devices.len();
+            let batch = windows.batch((step * config.grad_accum) as u64, rows);
             let next = batch_loss(&model.valid(), &batch, device)
                 .into_scalar()
                 .elem::<f64>();
@@ -455,6 +457,9 @@ pub fn batch_gradients<B: AutodiffBackend>(
     // Each shard's loss is the mean over its rows·seq_len tokens, 1/n of the micro-batch's:
     // dividing by n·grad_accum makes the shards' gradients sum to the one-device gradient.
     let divisor = (n * grad_accum) as f64;
+    // Burn creates weights lazily, and a clone of a not-yet-created weight draws its own: reading
+    // every weight once (`num_params` does) makes the forks copies of this model.
+    let _ = model.num_params();
     let shards = split_rows(batch, n);
     let results: Vec<Result<(f64, GradientsParams), f64>> = std::thread::scope(|scope| {
         let workers: Vec<_> = devices[1..]

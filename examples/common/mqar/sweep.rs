@@ -5,7 +5,7 @@ use super::data::MqarTask;
 use super::train::{MqarRun, TrainOutcome, train};
 use crate::common::atomic;
 use burn::tensor::backend::AutodiffBackend;
-use coupled_qk::DynamicsConfig;
+use coupled_qk::model::AttentionVariant;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -16,7 +16,7 @@ pub struct Sweep {
     pub vocab: usize,
     /// `(seq_len, kv_pairs)` cells, easy to hard.
     pub tasks: Vec<(usize, usize)>,
-    pub variants: Vec<DynamicsConfig>,
+    pub variants: Vec<AttentionVariant>,
     pub d_models: Vec<usize>,
     pub lrs: Vec<f64>,
     pub n_heads: usize,
@@ -35,7 +35,7 @@ pub struct Sweep {
 /// Identifies one run of a sweep.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RunKey {
-    pub variant: DynamicsConfig,
+    pub variant: AttentionVariant,
     pub seq_len: usize,
     pub kv_pairs: usize,
     pub d_model: usize,
@@ -102,7 +102,7 @@ impl Sweep {
     fn run(&self, key: &RunKey) -> MqarRun {
         MqarRun {
             task: MqarTask::new(self.vocab, key.seq_len, key.kv_pairs),
-            dynamics: key.variant.clone(),
+            variant: key.variant.clone(),
             d_model: key.d_model,
             n_heads: self.n_heads,
             n_layers: self.n_layers,

@@ -8,7 +8,7 @@ use burn::optim::grad_clipping::GradientClippingConfig;
 use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{ElementConversion, Int, Tensor, TensorData};
-use coupled_qk::DynamicsConfig;
+use coupled_qk::model::AttentionVariant;
 use coupled_qk::model::{Gpt, GptConfig, masked_cross_entropy};
 use indicatif::ProgressBar;
 use serde::{Deserialize, Serialize};
@@ -18,7 +18,7 @@ use std::time::Instant;
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct MqarRun {
     pub task: MqarTask,
-    pub dynamics: DynamicsConfig,
+    pub variant: AttentionVariant,
     pub d_model: usize,
     pub n_heads: usize,
     pub n_layers: usize,
@@ -113,7 +113,7 @@ pub fn train<B: AutodiffBackend>(
         run.n_heads,
         run.task.seq_len,
     )
-    .with_dynamics(run.dynamics.clone())
+    .with_variant(run.variant.clone())
     .with_mlp_ratio(if run.mlp { 4 } else { 0 });
     let mut model: Gpt<B> = config.init(device);
     let (params, extra_params) = (
