@@ -16,11 +16,16 @@ mod common;
 
 use clap::Parser;
 use common::backend::dispatch;
-use common::suite::{Budget, Cells, ablation_table, aggregate, parse_variants, seed_table, write_curves_plot, write_json, write_markdown};
+use common::suite::{
+    Budget, Cells, ablation_table, aggregate, parse_variants, seed_table, write_curves_plot,
+    write_json, write_markdown,
+};
 use std::path::PathBuf;
 
 #[derive(Parser, Debug)]
-#[command(about = "Structural ablation of coupled QK attention over variants, integrator steps and seeds")]
+#[command(
+    about = "Structural ablation of coupled QK attention over variants, integrator steps and seeds"
+)]
 struct Args {
     /// `wikitext-103`, `wikitext-2`, a WikiText folder, a .jsonl or a text file.
     #[arg(long, default_value = "wikitext-2")]
@@ -29,7 +34,11 @@ struct Args {
     #[arg(long)]
     data_dir: Option<PathBuf>,
     /// Variants: standard, mlp-only, euler, leapfrog, diff (euler3 etc. name a step count).
-    #[arg(long, value_delimiter = ',', default_value = "standard,mlp-only,euler,leapfrog,diff")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "standard,mlp-only,euler,leapfrog,diff"
+    )]
     variants: Vec<String>,
     /// Integrator steps of euler and leapfrog, each a variant of its own.
     #[arg(long, value_delimiter = ',', default_value = "1,3,5,7")]
@@ -73,8 +82,19 @@ fn run(args: Args) -> Result<(), String> {
         args.seeds,
         std::env::args().skip(1).collect::<Vec<_>>().join(" ")
     );
-    eprintln!("{} runs: {} variants × {} seeds", cells.len(), variants.len(), args.seeds.len());
-    let results = dispatch(args.budget.backend, Cells { suite: &suite, cells })??;
+    eprintln!(
+        "{} runs: {} variants × {} seeds",
+        cells.len(),
+        variants.len(),
+        args.seeds.len()
+    );
+    let results = dispatch(
+        args.budget.backend,
+        Cells {
+            suite: &suite,
+            cells,
+        },
+    )??;
     let aggregates = aggregate(&results);
     let md = format!(
         "{header}{}\nThe paper's column is its 60M model on WikiText-103 (validation perplexity, std over seeds); \
@@ -82,10 +102,20 @@ fn run(args: Args) -> Result<(), String> {
         ablation_table(&aggregates, &corpus.name),
         seed_table(&results)
     );
-    std::fs::create_dir_all(&args.out).map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
+    std::fs::create_dir_all(&args.out)
+        .map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
     write_markdown(&args.out.join("results.md"), &md)?;
-    write_json(&args.out.join("results.json"), &results, &aggregates, serde_json::json!({ "corpus": corpus.name }))?;
-    write_curves_plot(&results, &format!("validation loss on {}", corpus.name), &args.out.join("curves.svg"))?;
+    write_json(
+        &args.out.join("results.json"),
+        &results,
+        &aggregates,
+        serde_json::json!({ "corpus": corpus.name }),
+    )?;
+    write_curves_plot(
+        &results,
+        &format!("validation loss on {}", corpus.name),
+        &args.out.join("curves.svg"),
+    )?;
     println!("{md}");
     Ok(())
 }

@@ -13,12 +13,17 @@ mod common;
 
 use clap::Parser;
 use common::backend::dispatch;
-use common::suite::{Budget, CellResult, Cells, Variant, aggregate, first_reach, seed_table, write_curves_plot, write_json, write_markdown};
+use common::suite::{
+    Budget, CellResult, Cells, Variant, aggregate, first_reach, seed_table, write_curves_plot,
+    write_json, write_markdown,
+};
 use std::fmt::Write;
 use std::path::PathBuf;
 
 #[derive(Parser, Debug)]
-#[command(about = "Tokens and wall-clock standard attention needs to match a coupled run's validation loss")]
+#[command(
+    about = "Tokens and wall-clock standard attention needs to match a coupled run's validation loss"
+)]
 struct Args {
     /// `wikitext-103`, `wikitext-2`, a WikiText folder, a .jsonl or a text file.
     #[arg(long, default_value = "wikitext-2")]
@@ -61,16 +66,33 @@ fn run(args: Args) -> Result<(), String> {
     let baseline_label = format!("{}-x{}", args.baseline.label, args.factor);
     let mut cells = Vec::new();
     for &seed in &args.seeds {
-        let coupled = args.budget.train_config(corpus.vocab_size, &args.coupled, seed);
-        let mut long = args.budget.train_config(corpus.vocab_size, &args.baseline, seed);
+        let coupled = args
+            .budget
+            .train_config(corpus.vocab_size, &args.coupled, seed);
+        let mut long = args
+            .budget
+            .train_config(corpus.vocab_size, &args.baseline, seed);
         long.max_steps = coupled.max_steps * args.factor;
         long.eval_every = coupled.eval_every;
         long.warmup_steps = coupled.warmup_steps;
         long.checkpoint_every = (long.max_steps / 4).max(1);
         cells.push((&corpus, args.coupled.clone(), coupled));
-        cells.push((&corpus, Variant { label: baseline_label.clone(), ..args.baseline.clone() }, long));
+        cells.push((
+            &corpus,
+            Variant {
+                label: baseline_label.clone(),
+                ..args.baseline.clone()
+            },
+            long,
+        ));
     }
-    let results: Vec<CellResult> = dispatch(args.budget.backend, Cells { suite: &suite, cells })??;
+    let results: Vec<CellResult> = dispatch(
+        args.budget.backend,
+        Cells {
+            suite: &suite,
+            cells,
+        },
+    )??;
     let mut md = format!(
         "# Compute-matched comparison on {}\n\n`{}` for {} tokens against `{}` for {}× as many. Command: \
          `cargo run --release --example compute_matched -- {}`\n\n\
@@ -86,14 +108,34 @@ fn run(args: Args) -> Result<(), String> {
     );
     let mut rows = Vec::new();
     for &seed in &args.seeds {
-        let find = |label: &str| results.iter().find(|r| r.seed == seed && r.variant == label);
-        let (Some(c), Some(b)) = (find(&args.coupled.label), find(&baseline_label)) else { continue };
+        let find = |label: &str| {
+            results
+                .iter()
+                .find(|r| r.seed == seed && r.variant == label)
+        };
+        let (Some(c), Some(b)) = (find(&args.coupled.label), find(&baseline_label)) else {
+            continue;
+        };
         let reached = first_reach(&b.curve, c.val_loss);
         let (tokens, wall, token_ratio, wall_ratio) = match reached {
-            Some((t, w)) => (format!("{t:.0}"), format!("{w:.0}"), format!("{:.2}×", t / c.tokens as f64), format!("{:.2}×", w / c.wall_s)),
-            None => ("not reached".into(), "–".into(), format!("> {}×", args.factor), "–".into()),
+            Some((t, w)) => (
+                format!("{t:.0}"),
+                format!("{w:.0}"),
+                format!("{:.2}×", t / c.tokens as f64),
+                format!("{:.2}×", w / c.wall_s),
+            ),
+            None => (
+                "not reached".into(),
+                "–".into(),
+                format!("> {}×", args.factor),
+                "–".into(),
+            ),
         };
-        let _ = writeln!(md, "| {seed} | {:.4} | {} | {:.0} | {tokens} | {wall} | {token_ratio} | {wall_ratio} |", c.val_loss, c.tokens, c.wall_s);
+        let _ = writeln!(
+            md,
+            "| {seed} | {:.4} | {} | {:.0} | {tokens} | {wall} | {token_ratio} | {wall_ratio} |",
+            c.val_loss, c.tokens, c.wall_s
+        );
         rows.push(serde_json::json!({
             "seed": seed, "coupled_loss": c.val_loss, "coupled_tokens": c.tokens, "coupled_wall_s": c.wall_s,
             "baseline_tokens_to_match": reached.map(|r| r.0), "baseline_wall_s_to_match": reached.map(|r| r.1),
@@ -107,10 +149,20 @@ fn run(args: Args) -> Result<(), String> {
     );
     md.push_str(&format!("\n## Per run\n\n{}", seed_table(&results)));
     let aggregates = aggregate(&results);
-    std::fs::create_dir_all(&args.out).map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
+    std::fs::create_dir_all(&args.out)
+        .map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
     write_markdown(&args.out.join("results.md"), &md)?;
-    write_json(&args.out.join("results.json"), &results, &aggregates, serde_json::Value::Array(rows))?;
-    write_curves_plot(&results, &format!("validation loss on {}", corpus.name), &args.out.join("curves.svg"))?;
+    write_json(
+        &args.out.join("results.json"),
+        &results,
+        &aggregates,
+        serde_json::Value::Array(rows),
+    )?;
+    write_curves_plot(
+        &results,
+        &format!("validation loss on {}", corpus.name),
+        &args.out.join("curves.svg"),
+    )?;
     println!("{md}");
     Ok(())
 }

@@ -14,12 +14,17 @@ mod common;
 
 use clap::Parser;
 use common::backend::dispatch;
-use common::suite::{Budget, Cells, aggregate, change_pct, parse_variants, seed_table, shared_data_dir, write_curves_plot, write_json, write_markdown};
+use common::suite::{
+    Budget, Cells, aggregate, change_pct, parse_variants, seed_table, shared_data_dir,
+    write_curves_plot, write_json, write_markdown,
+};
 use std::fmt::Write;
 use std::path::PathBuf;
 
 #[derive(Parser, Debug)]
-#[command(about = "Change in perplexity from coupled QK attention on coherent and heterogeneous corpora")]
+#[command(
+    about = "Change in perplexity from coupled QK attention on coherent and heterogeneous corpora"
+)]
 struct Args {
     /// Corpora (data-pipeline syntax). Default: wikitext-2 (skipped when it cannot be loaded), and
     /// sotu.jsonl, tinyshakespeare/input.txt, brown.jsonl from $COUPLED_QK_DATA or ../shared/data.
@@ -39,8 +44,11 @@ struct Args {
 }
 
 /// The paper's changes in perplexity of coupled QK over standard attention.
-const PAPER: [(&str, &str, f64); 3] =
-    [("WikiText-103", "coherent", -6.6), ("PubMed", "coherent", -4.5), ("OpenWebText", "heterogeneous", 10.3)];
+const PAPER: [(&str, &str, f64); 3] = [
+    ("WikiText-103", "coherent", -6.6),
+    ("PubMed", "coherent", -4.5),
+    ("OpenWebText", "heterogeneous", 10.3),
+];
 
 fn main() {
     if let Err(e) = run(Args::parse()) {
@@ -60,7 +68,11 @@ fn default_corpora() -> Vec<String> {
 }
 
 fn kind(name: &str) -> &'static str {
-    if name.contains("brown") { "heterogeneous (15 genres)" } else { "coherent" }
+    if name.contains("brown") {
+        "heterogeneous (15 genres)"
+    } else {
+        "coherent"
+    }
 }
 
 fn run(args: Args) -> Result<(), String> {
@@ -82,7 +94,11 @@ fn run(args: Args) -> Result<(), String> {
     for corpus in &corpora {
         for seed in &args.seeds {
             for variant in &variants {
-                cells.push((corpus, variant.clone(), args.budget.train_config(corpus.vocab_size, variant, *seed)));
+                cells.push((
+                    corpus,
+                    variant.clone(),
+                    args.budget.train_config(corpus.vocab_size, variant, *seed),
+                ));
             }
         }
     }
@@ -97,21 +113,48 @@ fn run(args: Args) -> Result<(), String> {
         args.seeds,
         std::env::args().skip(1).collect::<Vec<_>>().join(" ")
     );
-    eprintln!("{} runs: {} corpora × {} variants × {} seeds", cells.len(), corpora.len(), variants.len(), args.seeds.len());
-    let results = dispatch(args.budget.backend, Cells { suite: &suite, cells })??;
+    eprintln!(
+        "{} runs: {} corpora × {} variants × {} seeds",
+        cells.len(),
+        corpora.len(),
+        variants.len(),
+        args.seeds.len()
+    );
+    let results = dispatch(
+        args.budget.backend,
+        Cells {
+            suite: &suite,
+            cells,
+        },
+    )??;
     let aggregates = aggregate(&results);
     let baseline = &variants[0].label;
     let mut columns = vec!["corpus".to_string(), "kind".to_string()];
     columns.extend(variants.iter().map(|v| format!("{} ppl", v.label)));
-    columns.extend(variants[1..].iter().map(|v| format!("Δ {} vs {baseline}", v.label)));
-    let _ = writeln!(md, "| {} |\n|{}", columns.join(" | "), "---|".repeat(columns.len()));
+    columns.extend(
+        variants[1..]
+            .iter()
+            .map(|v| format!("Δ {} vs {baseline}", v.label)),
+    );
+    let _ = writeln!(
+        md,
+        "| {} |\n|{}",
+        columns.join(" | "),
+        "---|".repeat(columns.len())
+    );
     let mut summary = Vec::new();
     for corpus in &corpora {
-        let get = |label: &str| aggregates.iter().find(|a| a.corpus == corpus.name && a.variant == label);
+        let get = |label: &str| {
+            aggregates
+                .iter()
+                .find(|a| a.corpus == corpus.name && a.variant == label)
+        };
         let base = get(baseline).map(|a| a.ppl.0);
         let mut row = format!("| {} | {} |", corpus.name, kind(&corpus.name));
         for v in &variants {
-            let cell = get(&v.label).map_or("–".into(), |a| format!(" {:.3} ± {:.3} |", a.ppl.0, a.ppl.1));
+            let cell = get(&v.label).map_or("–".into(), |a| {
+                format!(" {:.3} ± {:.3} |", a.ppl.0, a.ppl.1)
+            });
             row.push_str(&cell);
         }
         for v in &variants[1..] {
@@ -132,12 +175,26 @@ fn run(args: Args) -> Result<(), String> {
         let _ = writeln!(md, "| {corpus} | {kind} | {delta:+.1}% |");
     }
     md.push_str(&format!("\n## Per seed\n\n{}", seed_table(&results)));
-    std::fs::create_dir_all(&args.out).map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
+    std::fs::create_dir_all(&args.out)
+        .map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
     write_markdown(&args.out.join("results.md"), &md)?;
-    write_json(&args.out.join("results.json"), &results, &aggregates, serde_json::Value::Array(summary))?;
+    write_json(
+        &args.out.join("results.json"),
+        &results,
+        &aggregates,
+        serde_json::Value::Array(summary),
+    )?;
     for corpus in &corpora {
-        let of_corpus: Vec<_> = results.iter().filter(|r| r.corpus == corpus.name).cloned().collect();
-        write_curves_plot(&of_corpus, &format!("validation loss on {}", corpus.name), &args.out.join(format!("curves-{}.svg", corpus.name)))?;
+        let of_corpus: Vec<_> = results
+            .iter()
+            .filter(|r| r.corpus == corpus.name)
+            .cloned()
+            .collect();
+        write_curves_plot(
+            &of_corpus,
+            &format!("validation loss on {}", corpus.name),
+            &args.out.join(format!("curves-{}.svg", corpus.name)),
+        )?;
     }
     println!("{md}");
     Ok(())

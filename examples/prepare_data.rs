@@ -9,7 +9,9 @@
 mod common;
 
 use clap::Parser;
-use common::data::{CorpusSource, Hub, LoadOptions, SplitOptions, TokenCache, TokenizerKind, load_corpus};
+use common::data::{
+    CorpusSource, Hub, LoadOptions, SplitOptions, TokenCache, TokenizerKind, load_corpus,
+};
 use std::path::PathBuf;
 
 #[derive(Parser, Debug)]
@@ -48,7 +50,10 @@ fn main() {
 fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let mut source: CorpusSource = args.corpus.parse()?;
     if let (Some(dir), CorpusSource::WikiText { variant, .. }) = (&args.data_dir, &source) {
-        source = CorpusSource::WikiText { variant: *variant, dir: Some(dir.clone()) };
+        source = CorpusSource::WikiText {
+            variant: *variant,
+            dir: Some(dir.clone()),
+        };
     }
     let tokenizer: TokenizerKind = args.tokenizer.parse()?;
     let scratch = std::env::temp_dir().join(format!("coupled-qk-prepare-{}", std::process::id()));
@@ -58,19 +63,39 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         args.cache_dir.unwrap_or_else(TokenCache::default_dir)
     };
     let options = LoadOptions {
-        split: SplitOptions { valid_fraction: args.valid_fraction, seed: args.split_seed },
+        split: SplitOptions {
+            valid_fraction: args.valid_fraction,
+            seed: args.split_seed,
+        },
         cache: TokenCache::new(&cache_dir),
-        hub: Hub { progress: true, ..Hub::default() },
+        hub: Hub {
+            progress: true,
+            ..Hub::default()
+        },
         verbose: true,
     };
     let loaded = load_corpus(&source, tokenizer, &options)?;
     let corpus = &loaded.corpus;
     let bytes = corpus.train.total_bytes() + corpus.valid.total_bytes();
     println!("corpus      {}", corpus.name);
-    println!("tokenizer   {} ({} ids)", corpus.tokenizer, corpus.vocab_size);
-    println!("train       {} tokens, {} bytes", corpus.train.len(), corpus.train.total_bytes());
-    println!("valid       {} tokens, {} bytes", corpus.valid.len(), corpus.valid.total_bytes());
-    println!("bytes/token {:.3}", bytes as f64 / (corpus.train.len() + corpus.valid.len()) as f64);
+    println!(
+        "tokenizer   {} ({} ids)",
+        corpus.tokenizer, corpus.vocab_size
+    );
+    println!(
+        "train       {} tokens, {} bytes",
+        corpus.train.len(),
+        corpus.train.total_bytes()
+    );
+    println!(
+        "valid       {} tokens, {} bytes",
+        corpus.valid.len(),
+        corpus.valid.total_bytes()
+    );
+    println!(
+        "bytes/token {:.3}",
+        bytes as f64 / (corpus.train.len() + corpus.valid.len()) as f64
+    );
     if loaded.tokenised_bytes > 0 {
         println!(
             "tokenised   {:.2} MB in {:.2} s: {:.2} MB/s on {} threads",
@@ -80,7 +105,10 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             rayon::current_num_threads()
         );
     } else {
-        println!("tokenised   nothing: both splits came from the token cache in {}", cache_dir.display());
+        println!(
+            "tokenised   nothing: both splits came from the token cache in {}",
+            cache_dir.display()
+        );
     }
     if args.no_cache {
         let _ = std::fs::remove_dir_all(&scratch);

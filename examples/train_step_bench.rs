@@ -64,13 +64,38 @@ struct Shape {
 fn shapes(args: &Args) -> Vec<Shape> {
     let gpt = |vocab, d, layers, heads, context| GptConfig::new(vocab, d, layers, heads, context);
     let mut shapes = vec![
-        Shape { name: "tiny", model: Some(GptConfig::preset(Preset::Tiny, 256)), batch: 16, seq: 256 },
-        Shape { name: "torch-small", model: Some(gpt(512, 128, 4, 4, 128)), batch: 16, seq: 128 },
-        Shape { name: "torch-medium", model: Some(gpt(8192, 256, 4, 4, 256)), batch: 8, seq: 256 },
-        Shape { name: "layer-60m", model: None, batch: 8, seq: 512 },
+        Shape {
+            name: "tiny",
+            model: Some(GptConfig::preset(Preset::Tiny, 256)),
+            batch: 16,
+            seq: 256,
+        },
+        Shape {
+            name: "torch-small",
+            model: Some(gpt(512, 128, 4, 4, 128)),
+            batch: 16,
+            seq: 128,
+        },
+        Shape {
+            name: "torch-medium",
+            model: Some(gpt(8192, 256, 4, 4, 256)),
+            batch: 8,
+            seq: 256,
+        },
+        Shape {
+            name: "layer-60m",
+            model: None,
+            batch: 8,
+            seq: 512,
+        },
     ];
     if args.with_60m {
-        shapes.push(Shape { name: "60m", model: Some(GptConfig::preset(Preset::M60, 50257)), batch: 8, seq: 512 });
+        shapes.push(Shape {
+            name: "60m",
+            model: Some(GptConfig::preset(Preset::M60, 50257)),
+            batch: 8,
+            seq: 512,
+        });
     }
     if let Some(only) = &args.only {
         shapes.retain(|s| only.iter().any(|o| o == s.name));
@@ -95,7 +120,12 @@ fn median(mut xs: Vec<f64>) -> f64 {
 }
 
 /// Seconds of each timed training step of `model` on random tokens.
-fn time_model<B: AutodiffBackend>(config: &GptConfig, shape: &Shape, args: &Args, device: &B::Device) -> Vec<f64> {
+fn time_model<B: AutodiffBackend>(
+    config: &GptConfig,
+    shape: &Shape,
+    args: &Args,
+    device: &B::Device,
+) -> Vec<f64> {
     B::seed(device, 0);
     let mut model = config.init::<B>(device);
     let mut optimizer = AdamWConfig::new().init::<B, coupled_qk::model::Gpt<B>>();
@@ -124,14 +154,28 @@ fn time_model<B: AutodiffBackend>(config: &GptConfig, shape: &Shape, args: &Args
 }
 
 /// Seconds of each timed training step of one attention layer of the 60m shape.
-fn time_layer<B: AutodiffBackend>(variant: &AttentionVariant, shape: &Shape, args: &Args, device: &B::Device) -> Option<Vec<f64>> {
-    let AttentionVariant::Dynamics(dynamics) = variant else { return None };
+fn time_layer<B: AutodiffBackend>(
+    variant: &AttentionVariant,
+    shape: &Shape,
+    args: &Args,
+    device: &B::Device,
+) -> Option<Vec<f64>> {
+    let AttentionVariant::Dynamics(dynamics) = variant else {
+        return None;
+    };
     B::seed(device, 0);
-    let mut layer = CoupledQkAttentionConfig::new(576, 9).with_dynamics(dynamics.clone()).with_causal(true).init::<B>(device);
+    let mut layer = CoupledQkAttentionConfig::new(576, 9)
+        .with_dynamics(dynamics.clone())
+        .with_causal(true)
+        .init::<B>(device);
     let mut optimizer = AdamWConfig::new().init::<B, coupled_qk::CoupledQkAttention<B>>();
     let mut times = Vec::new();
     for i in 0..args.warmup + args.reps {
-        let x = Tensor::<B, 3>::random([shape.batch, shape.seq, 576], Distribution::Normal(0.0, 1.0), device);
+        let x = Tensor::<B, 3>::random(
+            [shape.batch, shape.seq, 576],
+            Distribution::Normal(0.0, 1.0),
+            device,
+        );
         let start = Instant::now();
         let loss = layer.forward(x).powi_scalar(2).mean();
         let grads = GradientsParams::from_grads(loss.backward(), &layer);
@@ -150,15 +194,27 @@ struct Bench<'a> {
 
 impl BackendTask for Bench<'_> {
     type Output = serde_json::Value;
-    fn run<B: AutodiffBackend>(self, device: B::Device, name: &'static str, _gpu: bool) -> serde_json::Value {
+    fn run<B: AutodiffBackend>(
+        self,
+        device: B::Device,
+        name: &'static str,
+        _gpu: bool,
+    ) -> serde_json::Value {
         let args = self.args;
         let mut rows = Vec::new();
-        println!("| config | variant | median step ms | tokens/s | ratio to standard |\n|---|---|---|---|---|");
+        println!(
+            "| config | variant | median step ms | tokens/s | ratio to standard |\n|---|---|---|---|---|"
+        );
         for shape in shapes(args) {
             let mut standard = None;
             for (label, variant) in variants() {
                 let times = match &shape.model {
-                    Some(model) => Some(time_model::<B>(&model.clone().with_variant(variant.clone()), &shape, args, &device)),
+                    Some(model) => Some(time_model::<B>(
+                        &model.clone().with_variant(variant.clone()),
+                        &shape,
+                        args,
+                        &device,
+                    )),
                     None => time_layer::<B>(&variant, &shape, args, &device),
                 };
                 let Some(times) = times else { continue };

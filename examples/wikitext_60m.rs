@@ -16,13 +16,16 @@
 
 mod common;
 
+use burn::tensor::backend::AutodiffBackend;
 use clap::Parser;
 use common::backend::{BackendChoice, MultiDeviceTask, dispatch_devices};
-use common::data::{CorpusSource, Hub, LoadOptions, SplitOptions, TokenCache, TokenizedCorpus, TokenizerKind, load_corpus};
+use common::data::{
+    CorpusSource, Hub, LoadOptions, SplitOptions, TokenCache, TokenizedCorpus, TokenizerKind,
+    load_corpus,
+};
 use common::lm::{RunOptions, TrainConfig, train_on_devices};
 use coupled_qk::DynamicsConfig;
 use coupled_qk::model::{AttentionVariant, GptConfig, Preset};
-use burn::tensor::backend::AutodiffBackend;
 use std::path::PathBuf;
 
 #[derive(Parser, Debug)]
@@ -129,14 +132,27 @@ fn preset_defaults(preset: Preset, config: &mut TrainConfig) {
 fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let mut source: CorpusSource = args.corpus.parse()?;
     if let (Some(dir), CorpusSource::WikiText { variant, .. }) = (&args.data_dir, &source) {
-        source = CorpusSource::WikiText { variant: *variant, dir: Some(dir.clone()) };
+        source = CorpusSource::WikiText {
+            variant: *variant,
+            dir: Some(dir.clone()),
+        };
     } else if args.data_dir.is_some() {
         return Err("--data-dir is for WikiText (--corpus wikitext-103 or wikitext-2); pass other corpora as --corpus PATH".into());
     }
     let options = LoadOptions {
-        split: SplitOptions { valid_fraction: args.valid_fraction, seed: 0 },
-        cache: TokenCache::new(args.cache_dir.clone().unwrap_or_else(TokenCache::default_dir)),
-        hub: Hub { progress: true, ..Hub::default() },
+        split: SplitOptions {
+            valid_fraction: args.valid_fraction,
+            seed: 0,
+        },
+        cache: TokenCache::new(
+            args.cache_dir
+                .clone()
+                .unwrap_or_else(TokenCache::default_dir),
+        ),
+        hub: Hub {
+            progress: true,
+            ..Hub::default()
+        },
         verbose: true,
     };
     // Before the (possibly long) corpus load: every device takes an equal share of each micro-batch.
@@ -153,19 +169,36 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     }
     let corpus = load_corpus(&source, args.tokenizer, &options)?.corpus;
 
-    let model = GptConfig::preset(args.preset, corpus.vocab_size).with_variant(args.attention.with_steps(args.steps));
+    let model = GptConfig::preset(args.preset, corpus.vocab_size)
+        .with_variant(args.attention.with_steps(args.steps));
     let mut config = TrainConfig::new(model);
     preset_defaults(args.preset, &mut config);
     config.seed = args.seed;
-    if let Some(v) = args.seq_len { config.seq_len = v; }
-    if let Some(v) = args.batch_size { config.batch_size = v; }
-    if let Some(v) = args.grad_accum { config.grad_accum = v; }
-    if let Some(v) = args.lr { config.lr = v; }
-    if let Some(v) = args.warmup { config.warmup_steps = v; }
-    if let Some(v) = args.eval_every { config.eval_every = v; }
-    if let Some(v) = args.checkpoint_every { config.checkpoint_every = v; }
+    if let Some(v) = args.seq_len {
+        config.seq_len = v;
+    }
+    if let Some(v) = args.batch_size {
+        config.batch_size = v;
+    }
+    if let Some(v) = args.grad_accum {
+        config.grad_accum = v;
+    }
+    if let Some(v) = args.lr {
+        config.lr = v;
+    }
+    if let Some(v) = args.warmup {
+        config.warmup_steps = v;
+    }
+    if let Some(v) = args.eval_every {
+        config.eval_every = v;
+    }
+    if let Some(v) = args.checkpoint_every {
+        config.checkpoint_every = v;
+    }
     config.eval_windows = args.eval_windows;
-    if let Some(v) = args.max_steps { config.max_steps = v; }
+    if let Some(v) = args.max_steps {
+        config.max_steps = v;
+    }
     if let Some(tokens) = args.tokens {
         config.max_steps = tokens.div_ceil(config.tokens_per_step()).max(1) as usize;
     }
@@ -174,11 +207,18 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     config.checkpoint_every = config.checkpoint_every.min(config.max_steps).max(1);
 
     let attention = match &config.model.dynamics {
-        DynamicsConfig::Coupled { steps, .. } => format!("{}{steps}", config.model.variant().name()),
+        DynamicsConfig::Coupled { steps, .. } => {
+            format!("{}{steps}", config.model.variant().name())
+        }
         _ => config.model.variant().name().to_string(),
     };
     let out = args.out.clone().unwrap_or_else(|| {
-        PathBuf::from(format!("runs/{}-{}-{attention}-seed{}", corpus.name, preset_name(args.preset), args.seed))
+        PathBuf::from(format!(
+            "runs/{}-{}-{attention}-seed{}",
+            corpus.name,
+            preset_name(args.preset),
+            args.seed
+        ))
     });
     eprintln!(
         "run: {} preset, {attention} attention, {} steps × {} tokens = {:.1}M tokens → {}",
@@ -188,7 +228,17 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         (config.max_steps as u64 * config.tokens_per_step()) as f64 / 1e6,
         out.display()
     );
-    let task = Train { config, corpus, out, options: RunOptions { resume: args.resume, stop_at: args.stop_at, ..RunOptions::default() }, preset: args.preset };
+    let task = Train {
+        config,
+        corpus,
+        out,
+        options: RunOptions {
+            resume: args.resume,
+            stop_at: args.stop_at,
+            ..RunOptions::default()
+        },
+        preset: args.preset,
+    };
     dispatch_devices(args.backend, usize::from(args.devices), task)?
 }
 
@@ -211,7 +261,12 @@ struct Train {
 
 impl MultiDeviceTask for Train {
     type Output = Result<(), Box<dyn std::error::Error>>;
-    fn run<B: AutodiffBackend>(self, devices: Vec<B::Device>, _name: &'static str, gpu: bool) -> Self::Output {
+    fn run<B: AutodiffBackend>(
+        self,
+        devices: Vec<B::Device>,
+        _name: &'static str,
+        gpu: bool,
+    ) -> Self::Output {
         if !gpu && self.preset != Preset::Tiny {
             eprintln!(
                 "note: training the {} preset on the CPU: the progress bar's ETA shows how long the full budget \
@@ -219,7 +274,13 @@ impl MultiDeviceTask for Train {
                 preset_name(self.preset)
             );
         }
-        let summary = train_on_devices::<B>(&self.config, &self.corpus, &self.out, &self.options, &devices)?;
+        let summary = train_on_devices::<B>(
+            &self.config,
+            &self.corpus,
+            &self.out,
+            &self.options,
+            &devices,
+        )?;
         println!("{}", serde_json::to_string_pretty(&summary)?);
         Ok(())
     }

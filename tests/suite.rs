@@ -3,7 +3,9 @@
 #[path = "../examples/common/mod.rs"]
 mod common;
 
-use common::suite::{CellResult, CurvePoint, Variant, aggregate, first_reach, mean_std, parse_variants};
+use common::suite::{
+    CellResult, CurvePoint, Variant, aggregate, first_reach, mean_std, parse_variants,
+};
 use coupled_qk::DynamicsConfig;
 use coupled_qk::model::AttentionVariant;
 
@@ -13,9 +15,16 @@ fn names(list: &[&str]) -> Vec<String> {
 
 #[test]
 fn variants_expand_integrator_steps_and_reject_nonsense() {
-    let variants = parse_variants(&names(&["standard", "euler", "leapfrog3", "diff", "euler"]), &[1, 3]).unwrap();
+    let variants = parse_variants(
+        &names(&["standard", "euler", "leapfrog3", "diff", "euler"]),
+        &[1, 3],
+    )
+    .unwrap();
     let labels: Vec<&str> = variants.iter().map(|v| v.label.as_str()).collect();
-    assert_eq!(labels, ["standard", "euler1", "euler3", "leapfrog3", "diff"]);
+    assert_eq!(
+        labels,
+        ["standard", "euler1", "euler3", "leapfrog3", "diff"]
+    );
     assert_eq!(
         variants[2].variant,
         AttentionVariant::Dynamics(DynamicsConfig::euler(3))
@@ -55,7 +64,12 @@ fn cell(variant: &str, seed: u64, ppl: f64) -> CellResult {
 
 #[test]
 fn aggregates_group_by_corpus_and_variant_in_order() {
-    let results = [cell("standard", 0, 10.0), cell("euler1", 0, 8.0), cell("standard", 1, 12.0), cell("euler1", 1, 8.0)];
+    let results = [
+        cell("standard", 0, 10.0),
+        cell("euler1", 0, 8.0),
+        cell("standard", 1, 12.0),
+        cell("euler1", 1, 8.0),
+    ];
     let a = aggregate(&results);
     assert_eq!(a.len(), 2);
     assert_eq!((a[0].variant.as_str(), a[0].seeds), ("standard", 2));
@@ -65,7 +79,12 @@ fn aggregates_group_by_corpus_and_variant_in_order() {
 
 #[test]
 fn first_reach_interpolates_between_evaluations() {
-    let point = |step: usize, loss: f64| CurvePoint { step, tokens: step as u64 * 100, elapsed_s: step as f64, val_loss: loss };
+    let point = |step: usize, loss: f64| CurvePoint {
+        step,
+        tokens: step as u64 * 100,
+        elapsed_s: step as f64,
+        val_loss: loss,
+    };
     let curve = [point(1, 3.0), point(2, 2.0), point(3, 1.0)];
     let (tokens, seconds) = first_reach(&curve, 1.5).unwrap();
     assert!((tokens - 250.0).abs() < 1e-9 && (seconds - 2.5).abs() < 1e-9);

@@ -27,7 +27,9 @@ impl FromStr for BackendChoice {
             "flex" | "cpu" => Ok(Self::Flex),
             "wgpu" => Ok(Self::Wgpu),
             "cuda" => Ok(Self::Cuda),
-            other => Err(format!("unknown backend `{other}`: expected auto, flex, wgpu or cuda")),
+            other => Err(format!(
+                "unknown backend `{other}`: expected auto, flex, wgpu or cuda"
+            )),
         }
     }
 }
@@ -37,7 +39,12 @@ pub trait BackendTask {
     /// What the work returns.
     type Output;
     /// Runs on backend `B`; `name` says which, `gpu` whether it is a GPU backend.
-    fn run<B: AutodiffBackend>(self, device: B::Device, name: &'static str, gpu: bool) -> Self::Output;
+    fn run<B: AutodiffBackend>(
+        self,
+        device: B::Device,
+        name: &'static str,
+        gpu: bool,
+    ) -> Self::Output;
 }
 
 /// Work generic over the backend on several devices of it (data-parallel training).
@@ -46,7 +53,12 @@ pub trait MultiDeviceTask {
     type Output;
     /// Runs on backend `B` over `devices` (at least one; the first is the main device); `name`
     /// says which backend, `gpu` whether it is a GPU backend.
-    fn run<B: AutodiffBackend>(self, devices: Vec<B::Device>, name: &'static str, gpu: bool) -> Self::Output;
+    fn run<B: AutodiffBackend>(
+        self,
+        devices: Vec<B::Device>,
+        name: &'static str,
+        gpu: bool,
+    ) -> Self::Output;
 }
 
 /// A one-device task run through [`dispatch_devices`].
@@ -54,8 +66,16 @@ struct OneDevice<T>(T);
 
 impl<T: BackendTask> MultiDeviceTask for OneDevice<T> {
     type Output = T::Output;
-    fn run<B: AutodiffBackend>(self, devices: Vec<B::Device>, name: &'static str, gpu: bool) -> Self::Output {
-        let device = devices.into_iter().next().expect("dispatch asks for one device");
+    fn run<B: AutodiffBackend>(
+        self,
+        devices: Vec<B::Device>,
+        name: &'static str,
+        gpu: bool,
+    ) -> Self::Output {
+        let device = devices
+            .into_iter()
+            .next()
+            .expect("dispatch asks for one device");
         self.0.run::<B>(device, name, gpu)
     }
 }
@@ -76,7 +96,11 @@ pub fn dispatch<T: BackendTask>(choice: BackendChoice, task: T) -> Result<T::Out
 /// # Errors
 /// `count` 0; the chosen backend not compiled in; (CUDA, WGPU) a device that does not answer;
 /// (Flex) `count > 1`.
-pub fn dispatch_devices<T: MultiDeviceTask>(choice: BackendChoice, count: usize, task: T) -> Result<T::Output, String> {
+pub fn dispatch_devices<T: MultiDeviceTask>(
+    choice: BackendChoice,
+    count: usize,
+    task: T,
+) -> Result<T::Output, String> {
     if count == 0 {
         return Err("--devices must be at least 1".into());
     }
@@ -98,8 +122,15 @@ pub fn dispatch_devices<T: MultiDeviceTask>(choice: BackendChoice, count: usize,
                     rayon::current_num_threads()
                 ));
             }
-            eprintln!("backend: Flex (CPU, {} threads)", rayon::current_num_threads());
-            Ok(task.run::<burn::backend::Autodiff<burn::backend::Flex>>(vec![Default::default()], "flex", false))
+            eprintln!(
+                "backend: Flex (CPU, {} threads)",
+                rayon::current_num_threads()
+            );
+            Ok(task.run::<burn::backend::Autodiff<burn::backend::Flex>>(
+                vec![Default::default()],
+                "flex",
+                false,
+            ))
         }
     }
 }
@@ -135,7 +166,9 @@ fn answers<B: burn::tensor::backend::Backend>(device: &B::Device) -> bool {
 fn run_cuda<T: MultiDeviceTask>(task: T, count: usize) -> Result<T::Output, String> {
     use burn::backend::cuda::CudaDevice;
     if !cuda_works() {
-        return Err("no CUDA device answers: check the driver (nvidia-smi), or use --backend flex".into());
+        return Err(
+            "no CUDA device answers: check the driver (nvidia-smi), or use --backend flex".into(),
+        );
     }
     let devices: Vec<CudaDevice> = (0..count).map(CudaDevice::new).collect();
     if let Some(missing) = devices.iter().find(|d| !answers::<burn::backend::Cuda>(d)) {
@@ -155,18 +188,30 @@ fn run_cuda<T: MultiDeviceTask>(task: T, count: usize) -> Result<T::Output, Stri
 
 #[cfg(not(feature = "cuda"))]
 fn run_cuda<T: MultiDeviceTask>(_task: T, _count: usize) -> Result<T::Output, String> {
-    Err("this build has no CUDA backend: rebuild with `--features cuda`, or use --backend flex".into())
+    Err(
+        "this build has no CUDA backend: rebuild with `--features cuda`, or use --backend flex"
+            .into(),
+    )
 }
 
 #[cfg(feature = "wgpu")]
 fn run_wgpu<T: MultiDeviceTask>(task: T, count: usize) -> Result<T::Output, String> {
     use burn::backend::wgpu::WgpuDevice;
     if count == 1 {
-        eprintln!("backend: WGPU (default adapter; on a machine without a GPU this is a slow CPU driver)");
-        return Ok(task.run::<burn::backend::Autodiff<burn::backend::Wgpu>>(vec![WgpuDevice::default()], "wgpu", true));
+        eprintln!(
+            "backend: WGPU (default adapter; on a machine without a GPU this is a slow CPU driver)"
+        );
+        return Ok(task.run::<burn::backend::Autodiff<burn::backend::Wgpu>>(
+            vec![WgpuDevice::default()],
+            "wgpu",
+            true,
+        ));
     }
     let devices: Vec<WgpuDevice> = (0..count).map(WgpuDevice::DiscreteGpu).collect();
-    if let Some(missing) = devices.iter().position(|d| !answers::<burn::backend::Wgpu>(d)) {
+    if let Some(missing) = devices
+        .iter()
+        .position(|d| !answers::<burn::backend::Wgpu>(d))
+    {
         return Err(format!(
             "--devices {count}: WGPU finds no discrete GPU {missing} (several devices are discrete GPUs \
              0..{count}); lower --devices"
@@ -178,5 +223,8 @@ fn run_wgpu<T: MultiDeviceTask>(task: T, count: usize) -> Result<T::Output, Stri
 
 #[cfg(not(feature = "wgpu"))]
 fn run_wgpu<T: MultiDeviceTask>(_task: T, _count: usize) -> Result<T::Output, String> {
-    Err("this build has no WGPU backend: rebuild with `--features wgpu`, or use --backend flex".into())
+    Err(
+        "this build has no WGPU backend: rebuild with `--features wgpu`, or use --backend flex"
+            .into(),
+    )
 }

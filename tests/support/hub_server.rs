@@ -47,7 +47,11 @@ impl HubServer {
                 });
             }
         });
-        HubServer { port, files, requests }
+        HubServer {
+            port,
+            files,
+            requests,
+        }
     }
 
     /// An endpoint where nothing listens.
@@ -74,11 +78,19 @@ impl HubServer {
     }
 }
 
-fn answer(stream: TcpStream, files: &Mutex<HashMap<String, Vec<u8>>>, mode: Mode) -> std::io::Result<()> {
+fn answer(
+    stream: TcpStream,
+    files: &Mutex<HashMap<String, Vec<u8>>>,
+    mode: Mode,
+) -> std::io::Result<()> {
     let mut reader = BufReader::new(stream.try_clone()?);
     let mut request_line = String::new();
     reader.read_line(&mut request_line)?;
-    let path = request_line.split_whitespace().nth(1).unwrap_or("").to_string();
+    let path = request_line
+        .split_whitespace()
+        .nth(1)
+        .unwrap_or("")
+        .to_string();
     let mut range: Option<(usize, Option<usize>)> = None;
     loop {
         let mut line = String::new();
@@ -92,10 +104,16 @@ fn answer(stream: TcpStream, files: &Mutex<HashMap<String, Vec<u8>>>, mode: Mode
         }
     }
     let mut out = stream;
-    let file = path.strip_prefix(PREFIX).and_then(|name| files.lock().unwrap().get(name).cloned());
+    let file = path
+        .strip_prefix(PREFIX)
+        .and_then(|name| files.lock().unwrap().get(name).cloned());
     let Some(bytes) = file else {
         let body = b"Entry not found";
-        write!(out, "HTTP/1.1 404 Not Found\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len())?;
+        write!(
+            out,
+            "HTTP/1.1 404 Not Found\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        )?;
         return out.write_all(body);
     };
     let n = bytes.len();
@@ -125,7 +143,9 @@ fn answer(stream: TcpStream, files: &Mutex<HashMap<String, Vec<u8>>>, mode: Mode
 }
 
 fn fnv(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    })
 }
 
 /// A parquet file (snappy-compressed) with one UTF-8 string column `column`, one row per entry.
@@ -136,14 +156,25 @@ pub fn parquet_of(column: &str, rows: &[&str]) -> Vec<u8> {
     use parquet::file::writer::SerializedFileWriter;
     use parquet::schema::parser::parse_message_type;
 
-    let schema = Arc::new(parse_message_type(&format!("message schema {{ REQUIRED BYTE_ARRAY {column} (UTF8); }}")).unwrap());
-    let props = Arc::new(WriterProperties::builder().set_compression(Compression::SNAPPY).build());
+    let schema = Arc::new(
+        parse_message_type(&format!(
+            "message schema {{ REQUIRED BYTE_ARRAY {column} (UTF8); }}"
+        ))
+        .unwrap(),
+    );
+    let props = Arc::new(
+        WriterProperties::builder()
+            .set_compression(Compression::SNAPPY)
+            .build(),
+    );
     let mut buffer = Vec::new();
     let mut writer = SerializedFileWriter::new(&mut buffer, schema, props).unwrap();
     let mut group = writer.next_row_group().unwrap();
     let mut col = group.next_column().unwrap().unwrap();
     let values: Vec<ByteArray> = rows.iter().map(|r| ByteArray::from(*r)).collect();
-    col.typed::<ByteArrayType>().write_batch(&values, None, None).unwrap();
+    col.typed::<ByteArrayType>()
+        .write_batch(&values, None, None)
+        .unwrap();
     col.close().unwrap();
     group.close().unwrap();
     writer.close().unwrap();

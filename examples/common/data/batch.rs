@@ -32,7 +32,13 @@ impl TokenBatch {
             targets.extend_from_slice(&window[1..]);
             target_bytes += stream.bytes_of(start + 1, seq_len);
         }
-        TokenBatch { inputs, targets, rows: starts.len(), seq_len, target_bytes }
+        TokenBatch {
+            inputs,
+            targets,
+            rows: starts.len(),
+            seq_len,
+            target_bytes,
+        }
     }
 }
 
@@ -54,7 +60,11 @@ impl<'a> TrainWindows<'a> {
     /// If the stream is shorter than one window.
     pub fn new(stream: &'a TokenStream, seq_len: usize, seed: u64) -> Result<Self, DataError> {
         check_window("training", stream, seq_len)?;
-        Ok(TrainWindows { stream, seq_len, seed })
+        Ok(TrainWindows {
+            stream,
+            seq_len,
+            seed,
+        })
     }
 
     /// Batch number `index`: `rows` windows at uniformly random starts.
@@ -62,7 +72,9 @@ impl<'a> TrainWindows<'a> {
         // SplitMix-style mixing so neighbouring steps get unrelated generators.
         let mut rng = StdRng::seed_from_u64(mix(self.seed, index));
         let last_start = self.stream.len() - self.seq_len - 1;
-        let starts: Vec<usize> = (0..rows).map(|_| rng.random_range(0..=last_start)).collect();
+        let starts: Vec<usize> = (0..rows)
+            .map(|_| rng.random_range(0..=last_start))
+            .collect();
         TokenBatch::from_starts(self.stream, &starts, self.seq_len)
     }
 }
@@ -91,12 +103,22 @@ pub fn eval_batches(
         .collect())
 }
 
-fn check_window(split: &'static str, stream: &TokenStream, seq_len: usize) -> Result<(), DataError> {
+fn check_window(
+    split: &'static str,
+    stream: &TokenStream,
+    seq_len: usize,
+) -> Result<(), DataError> {
     if seq_len == 0 {
-        return Err(DataError::Invalid(format!("a window needs seq_len ≥ 1 (got 0)")));
+        return Err(DataError::Invalid(format!(
+            "a window needs seq_len ≥ 1 (got 0)"
+        )));
     }
     if stream.len() < seq_len + 1 {
-        return Err(DataError::TooShort { split, tokens: stream.len(), needed: seq_len + 1 });
+        return Err(DataError::TooShort {
+            split,
+            tokens: stream.len(),
+            needed: seq_len + 1,
+        });
     }
     Ok(())
 }

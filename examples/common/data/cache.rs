@@ -41,7 +41,11 @@ impl TokenCache {
     /// The default folder: `$COUPLED_QK_CACHE`, else `$XDG_CACHE_HOME/coupled-qk`, else
     /// `~/.cache/coupled-qk`, else `.coupled-qk-cache`.
     pub fn default_dir() -> PathBuf {
-        let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+        let var = |k: &str| {
+            std::env::var_os(k)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        };
         var("COUPLED_QK_CACHE")
             .or_else(|| var("XDG_CACHE_HOME").map(|d| d.join("coupled-qk")))
             .or_else(|| var("HOME").map(|d| d.join(".cache").join("coupled-qk")))
@@ -66,9 +70,16 @@ impl TokenCache {
     }
 
     /// Writes the ids of `key` atomically.
-    pub fn store(&self, key: &str, tokenizer: &str, source_hash: u64, ids: &TokenIds) -> Result<PathBuf, DataError> {
+    pub fn store(
+        &self,
+        key: &str,
+        tokenizer: &str,
+        source_hash: u64,
+        ids: &TokenIds,
+    ) -> Result<PathBuf, DataError> {
         let path = self.path(key);
-        atomic::write(&path, &encode(ids, tokenizer, source_hash)).map_err(|e| DataError::io("write", &path, e))?;
+        atomic::write(&path, &encode(ids, tokenizer, source_hash))
+            .map_err(|e| DataError::io("write", &path, e))?;
         Ok(path)
     }
 }
@@ -82,8 +93,12 @@ fn encode(ids: &TokenIds, tokenizer: &str, source_hash: u64) -> Vec<u8> {
     out.extend_from_slice(&source_hash.to_le_bytes());
     out.extend_from_slice(&(ids.len() as u64).to_le_bytes());
     match ids {
-        TokenIds::U16(v) => v.iter().for_each(|id| out.extend_from_slice(&id.to_le_bytes())),
-        TokenIds::U32(v) => v.iter().for_each(|id| out.extend_from_slice(&id.to_le_bytes())),
+        TokenIds::U16(v) => v
+            .iter()
+            .for_each(|id| out.extend_from_slice(&id.to_le_bytes())),
+        TokenIds::U32(v) => v
+            .iter()
+            .for_each(|id| out.extend_from_slice(&id.to_le_bytes())),
     }
     out
 }
@@ -96,27 +111,47 @@ fn decode(bytes: &[u8], tokenizer: &str, source_hash: u64) -> Result<TokenIds, S
     let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap());
     let version = u32_at(8);
     if version != FORMAT_VERSION {
-        return Err(Stale::Mismatch(format!("format version {version}, this build reads {FORMAT_VERSION}")));
+        return Err(Stale::Mismatch(format!(
+            "format version {version}, this build reads {FORMAT_VERSION}"
+        )));
     }
     let width = u32_at(12) as usize;
     if width != 2 && width != 4 {
         return Err(Stale::Corrupt(format!("id width {width}")));
     }
     if bytes[16..32] != tokenizer_field(tokenizer) {
-        let found = String::from_utf8_lossy(&bytes[16..32]).trim_end_matches('\0').to_string();
-        return Err(Stale::Mismatch(format!("tokenizer {found:?}, wanted {tokenizer:?}")));
+        let found = String::from_utf8_lossy(&bytes[16..32])
+            .trim_end_matches('\0')
+            .to_string();
+        return Err(Stale::Mismatch(format!(
+            "tokenizer {found:?}, wanted {tokenizer:?}"
+        )));
     }
     if u64_at(32) != source_hash {
         return Err(Stale::Mismatch("the source text changed".into()));
     }
     let body = &bytes[HEADER_LEN..];
-    let expected = usize::try_from(u64_at(40)).ok().and_then(|count| count.checked_mul(width));
+    let expected = usize::try_from(u64_at(40))
+        .ok()
+        .and_then(|count| count.checked_mul(width));
     if expected != Some(body.len()) {
-        return Err(Stale::Corrupt(format!("{} bytes of ids, the header says {}", body.len(), u64_at(40).saturating_mul(width as u64))));
+        return Err(Stale::Corrupt(format!(
+            "{} bytes of ids, the header says {}",
+            body.len(),
+            u64_at(40).saturating_mul(width as u64)
+        )));
     }
     Ok(match width {
-        2 => TokenIds::U16(body.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect()),
-        _ => TokenIds::U32(body.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect()),
+        2 => TokenIds::U16(
+            body.chunks_exact(2)
+                .map(|c| u16::from_le_bytes([c[0], c[1]]))
+                .collect(),
+        ),
+        _ => TokenIds::U32(
+            body.chunks_exact(4)
+                .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+                .collect(),
+        ),
     })
 }
 

@@ -56,7 +56,9 @@ pub enum DataError {
         what: String,
     },
     /// Too few documents to split by document.
-    #[error("{what} has {documents} document(s); splitting into training and validation needs at least 2")]
+    #[error(
+        "{what} has {documents} document(s); splitting into training and validation needs at least 2"
+    )]
     TooFewDocuments {
         /// The corpus.
         what: String,
@@ -64,7 +66,9 @@ pub enum DataError {
         documents: usize,
     },
     /// A split shorter than one window.
-    #[error("the {split} split has {tokens} tokens, fewer than one window of {needed} (seq_len + 1); use a larger corpus or a shorter context")]
+    #[error(
+        "the {split} split has {tokens} tokens, fewer than one window of {needed} (seq_len + 1); use a larger corpus or a shorter context"
+    )]
     TooShort {
         /// Which split.
         split: &'static str,
@@ -93,8 +97,15 @@ impl DataError {
     pub fn io(action: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         let path = path.into();
         if source.kind() == std::io::ErrorKind::NotFound {
-            return DataError::NotFound { path, hint: format!("check the path ({action} failed)") };
+            return DataError::NotFound {
+                path,
+                hint: format!("check the path ({action} failed)"),
+            };
         }
-        DataError::Io { action, path, source }
+        DataError::Io {
+            action,
+            path,
+            source,
+        }
     }
 }

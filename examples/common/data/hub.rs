@@ -46,7 +46,9 @@ impl WikiText {
             WikiText::Wiki2 | WikiText::Local => ("wikitext-2-raw-v1", 1),
         };
         let shards = if split == "train" { train_shards } else { 1 };
-        (0..shards).map(|i| format!("{config}/{split}-{i:05}-of-{shards:05}.parquet")).collect()
+        (0..shards)
+            .map(|i| format!("{config}/{split}-{i:05}-of-{shards:05}.parquet"))
+            .collect()
     }
 }
 
@@ -56,7 +58,9 @@ impl FromStr for WikiText {
         match s {
             "wikitext-103" | "wikitext103" => Ok(WikiText::Wiki103),
             "wikitext-2" | "wikitext2" => Ok(WikiText::Wiki2),
-            other => Err(DataError::Invalid(format!("{other:?} is not wikitext-103 or wikitext-2"))),
+            other => Err(DataError::Invalid(format!(
+                "{other:?} is not wikitext-103 or wikitext-2"
+            ))),
         }
     }
 }
@@ -100,7 +104,9 @@ impl Hub {
             let removed = remove_cached(&path);
             return Err(DataError::Download {
                 url,
-                message: format!("the downloaded file is incomplete or corrupt ({problem}); {removed}"),
+                message: format!(
+                    "the downloaded file is incomplete or corrupt ({problem}); {removed}"
+                ),
                 hint: "run again to download it afresh".into(),
             });
         }
@@ -112,7 +118,9 @@ impl Hub {
     /// builder stored as empty rows put back as the raw file's `" \n"`.
     pub fn wikitext_split(&self, variant: WikiText, split: &str) -> Result<String, DataError> {
         if variant == WikiText::Local {
-            return Err(DataError::Invalid("a local WikiText needs its folder (--data-dir)".into()));
+            return Err(DataError::Invalid(
+                "a local WikiText needs its folder (--data-dir)".into(),
+            ));
         }
         let mut text = String::new();
         for file in variant.files(split) {
@@ -136,7 +144,9 @@ impl Hub {
 
 fn check_parquet(path: &Path) -> Result<(), String> {
     let file = std::fs::File::open(path).map_err(|e| e.to_string())?;
-    SerializedFileReader::new(file).map(|_| ()).map_err(|e| e.to_string())
+    SerializedFileReader::new(file)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
 }
 
 /// Removes a cached file and, when it is hf-hub's symlink, the blob it points to.
@@ -151,26 +161,39 @@ fn remove_cached(path: &Path) -> String {
 
 /// The `text` column of a parquet file, one string per row (a null reads as "").
 pub fn read_parquet_text(path: &Path) -> Result<Vec<String>, DataError> {
-    let bad = |message: String| DataError::Parquet { path: path.into(), message };
+    let bad = |message: String| DataError::Parquet {
+        path: path.into(),
+        message,
+    };
     let file = std::fs::File::open(path).map_err(|e| DataError::io("read", path, e))?;
-    let reader = SerializedFileReader::new(file).map_err(|e| bad(format!("not a parquet file ({e})")))?;
+    let reader =
+        SerializedFileReader::new(file).map_err(|e| bad(format!("not a parquet file ({e})")))?;
     let schema = reader.metadata().file_metadata().schema();
     let Some(field) = schema.get_fields().iter().find(|f| f.name() == "text") else {
         let columns: Vec<&str> = schema.get_fields().iter().map(|f| f.name()).collect();
-        return Err(bad(format!("has no `text` column (its columns: {})", columns.join(", "))));
+        return Err(bad(format!(
+            "has no `text` column (its columns: {})",
+            columns.join(", ")
+        )));
     };
     let projection = Type::group_type_builder(schema.name())
         .with_fields(vec![Arc::clone(field)])
         .build()
         .map_err(|e| bad(e.to_string()))?;
-    let rows = reader.get_row_iter(Some(projection)).map_err(|e| bad(e.to_string()))?;
+    let rows = reader
+        .get_row_iter(Some(projection))
+        .map_err(|e| bad(e.to_string()))?;
     let mut texts = Vec::with_capacity(reader.metadata().file_metadata().num_rows() as usize);
     for (index, row) in rows.enumerate() {
         let row = row.map_err(|e| bad(format!("row {index}: {e}")))?;
         match row.get_column_iter().next().map(|(_, field)| field) {
             Some(parquet::record::Field::Str(s)) => texts.push(s.clone()),
             Some(parquet::record::Field::Null) | None => texts.push(String::new()),
-            Some(other) => return Err(bad(format!("row {index}: `text` is not a string but {other}"))),
+            Some(other) => {
+                return Err(bad(format!(
+                    "row {index}: `text` is not a string but {other}"
+                )));
+            }
         }
     }
     Ok(texts)

@@ -28,7 +28,10 @@ impl Default for LoadOptions {
         LoadOptions {
             split: SplitOptions::default(),
             cache: TokenCache::new(TokenCache::default_dir()),
-            hub: Hub { progress: true, ..Hub::default() },
+            hub: Hub {
+                progress: true,
+                ..Hub::default()
+            },
             verbose: true,
         }
     }
@@ -49,7 +52,11 @@ pub struct Loaded {
 
 /// Reads `source`, splits it, and tokenises each split with `tokenizer` (or takes the ids from
 /// the cache).
-pub fn load_corpus(source: &CorpusSource, tokenizer: TokenizerKind, options: &LoadOptions) -> Result<Loaded, DataError> {
+pub fn load_corpus(
+    source: &CorpusSource,
+    tokenizer: TokenizerKind,
+    options: &LoadOptions,
+) -> Result<Loaded, DataError> {
     let tokenizer = tokenizer.build();
     let text = read_corpus(source, options.split, &options.hub)?;
     // The key tells caches of different sources and splits apart; the hash inside says whether the
@@ -62,7 +69,10 @@ pub fn load_corpus(source: &CorpusSource, tokenizer: TokenizerKind, options: &Lo
     let mut tokenised_bytes = 0;
     let mut tokenise_seconds = 0.0;
     let mut streams = Vec::new();
-    for (i, (split, text)) in [("train", &text.train), ("valid", &text.valid)].into_iter().enumerate() {
+    for (i, (split, text)) in [("train", &text.train), ("valid", &text.valid)]
+        .into_iter()
+        .enumerate()
+    {
         let key = format!("{name}-{split}-{}-{tag}", tokenizer.id());
         let hash = fnv1a64(text.as_bytes());
         let ids = match options.cache.load(&key, tokenizer.id(), hash) {
@@ -72,20 +82,33 @@ pub fn load_corpus(source: &CorpusSource, tokenizer: TokenizerKind, options: &Lo
             }
             Err(stale) => {
                 if options.verbose && stale != Stale::Missing {
-                    eprintln!("token cache {} not used ({stale:?}); rebuilding", options.cache.path(&key).display());
+                    eprintln!(
+                        "token cache {} not used ({stale:?}); rebuilding",
+                        options.cache.path(&key).display()
+                    );
                 }
                 let start = Instant::now();
-                let ids = tokenise(tokenizer.as_ref(), text, options.verbose, &format!("{name} {split}"));
+                let ids = tokenise(
+                    tokenizer.as_ref(),
+                    text,
+                    options.verbose,
+                    &format!("{name} {split}"),
+                );
                 tokenise_seconds += start.elapsed().as_secs_f64();
                 tokenised_bytes += text.len();
                 // Losing the cache costs the next run time, not this run its data.
                 if let Err(e) = options.cache.store(&key, tokenizer.id(), hash, &ids) {
-                    eprintln!("warning: {e}; continuing without a token cache (set --cache-dir or COUPLED_QK_CACHE to a writable folder)");
+                    eprintln!(
+                        "warning: {e}; continuing without a token cache (set --cache-dir or COUPLED_QK_CACHE to a writable folder)"
+                    );
                 }
                 ids
             }
         };
-        streams.push(TokenStream { ids, byte_lens: Arc::clone(&byte_lens) });
+        streams.push(TokenStream {
+            ids,
+            byte_lens: Arc::clone(&byte_lens),
+        });
     }
     let valid = streams.pop().expect("two streams");
     let train = streams.pop().expect("two streams");
@@ -98,7 +121,10 @@ pub fn load_corpus(source: &CorpusSource, tokenizer: TokenizerKind, options: &Lo
             if from_cache == [true, true] {
                 "from the token cache".to_string()
             } else {
-                format!("tokenised {:.1} MB in {tokenise_seconds:.1} s", tokenised_bytes as f64 / 1e6)
+                format!(
+                    "tokenised {:.1} MB in {tokenise_seconds:.1} s",
+                    tokenised_bytes as f64 / 1e6
+                )
             }
         );
     }
@@ -109,7 +135,12 @@ pub fn load_corpus(source: &CorpusSource, tokenizer: TokenizerKind, options: &Lo
         train,
         valid,
     };
-    Ok(Loaded { corpus, from_cache, tokenised_bytes, tokenise_seconds })
+    Ok(Loaded {
+        corpus,
+        from_cache,
+        tokenised_bytes,
+        tokenise_seconds,
+    })
 }
 
 /// Tokenises `text` in parallel, with a progress bar over bytes when `verbose`.
@@ -117,8 +148,10 @@ pub fn tokenise(tokenizer: &dyn Tokenizer, text: &str, verbose: bool, what: &str
     let bar = if verbose && text.len() > 4 * CHUNK_BYTES {
         let bar = ProgressBar::new(text.len() as u64);
         bar.set_style(
-            ProgressStyle::with_template("tokenising {msg} {bar:30} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
-                .expect("valid template"),
+            ProgressStyle::with_template(
+                "tokenising {msg} {bar:30} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+            )
+            .expect("valid template"),
         );
         bar.set_message(what.to_string());
         bar

@@ -19,5 +19,7 @@ pub use source::{
     CorpusSource, CorpusText, DOCUMENT_SEPARATOR, Document, SplitOptions, read_corpus, read_jsonl,
     read_text_documents, read_utf8, read_wikitext_split, split_documents, wikitext_hint,
 };
-pub use tokenizer::{ByteTokenizer, CHUNK_BYTES, Gpt2Tokenizer, Tokenizer, TokenizerKind, encode_parallel};
+pub use tokenizer::{
+    ByteTokenizer, CHUNK_BYTES, Gpt2Tokenizer, Tokenizer, TokenizerKind, encode_parallel,
+};
 pub use tokens::{TokenIds, TokenStream, TokenizedCorpus, bits_per_byte};

@@ -36,7 +36,10 @@ impl FromStr for CorpusSource {
         }
         let path = PathBuf::from(s);
         if path.is_dir() {
-            Ok(CorpusSource::WikiText { variant: WikiText::Local, dir: Some(path) })
+            Ok(CorpusSource::WikiText {
+                variant: WikiText::Local,
+                dir: Some(path),
+            })
         } else if path.extension().is_some_and(|e| e == "jsonl") {
             Ok(CorpusSource::Jsonl(path))
         } else if path.exists() {
@@ -55,7 +58,9 @@ impl CorpusSource {
     pub fn describe(&self) -> String {
         match self {
             CorpusSource::WikiText { dir: Some(dir), .. } => dir.display().to_string(),
-            CorpusSource::WikiText { variant, dir: None } => format!("{} (Hugging Face Hub)", variant.name()),
+            CorpusSource::WikiText { variant, dir: None } => {
+                format!("{} (Hugging Face Hub)", variant.name())
+            }
             CorpusSource::Jsonl(p) | CorpusSource::Text(p) => p.display().to_string(),
         }
     }
@@ -75,7 +80,10 @@ impl CorpusSource {
             }
         };
         match self {
-            CorpusSource::WikiText { variant: WikiText::Local, dir: Some(dir) } => stem(dir),
+            CorpusSource::WikiText {
+                variant: WikiText::Local,
+                dir: Some(dir),
+            } => stem(dir),
             CorpusSource::WikiText { variant, .. } => variant.name().into(),
             CorpusSource::Jsonl(p) | CorpusSource::Text(p) => stem(p),
         }
@@ -93,7 +101,10 @@ pub struct SplitOptions {
 
 impl Default for SplitOptions {
     fn default() -> Self {
-        SplitOptions { valid_fraction: 0.1, seed: 0 }
+        SplitOptions {
+            valid_fraction: 0.1,
+            seed: 0,
+        }
     }
 }
 
@@ -119,20 +130,30 @@ pub struct CorpusText {
 pub const DOCUMENT_SEPARATOR: &str = "\n\n";
 
 /// Reads `source` into its training and validation text.
-pub fn read_corpus(source: &CorpusSource, split: SplitOptions, hub: &Hub) -> Result<CorpusText, DataError> {
+pub fn read_corpus(
+    source: &CorpusSource,
+    split: SplitOptions,
+    hub: &Hub,
+) -> Result<CorpusText, DataError> {
     let (train, valid) = match source {
-        CorpusSource::WikiText { dir: Some(dir), .. } => {
-            (read_wikitext_split(dir, "train")?, read_wikitext_split(dir, "valid")?)
-        }
-        CorpusSource::WikiText { variant, dir: None } => {
-            (hub.wikitext_split(*variant, "train")?, hub.wikitext_split(*variant, "validation")?)
-        }
+        CorpusSource::WikiText { dir: Some(dir), .. } => (
+            read_wikitext_split(dir, "train")?,
+            read_wikitext_split(dir, "valid")?,
+        ),
+        CorpusSource::WikiText { variant, dir: None } => (
+            hub.wikitext_split(*variant, "train")?,
+            hub.wikitext_split(*variant, "validation")?,
+        ),
         CorpusSource::Jsonl(path) => split_documents(&source.describe(), read_jsonl(path)?, split)?,
-        CorpusSource::Text(path) => split_documents(&source.describe(), read_text_documents(path)?, split)?,
+        CorpusSource::Text(path) => {
+            split_documents(&source.describe(), read_text_documents(path)?, split)?
+        }
     };
     for (name, text) in [("training", &train), ("validation", &valid)] {
         if text.trim().is_empty() {
-            return Err(DataError::Empty { what: format!("the {name} split of {}", source.describe()) });
+            return Err(DataError::Empty {
+                what: format!("the {name} split of {}", source.describe()),
+            });
         }
     }
     Ok(CorpusText { train, valid })
@@ -141,7 +162,10 @@ pub fn read_corpus(source: &CorpusSource, split: SplitOptions, hub: &Hub) -> Res
 /// Reads `dir/wiki.{split}.raw`, else `dir/wiki.{split}.tokens`.
 pub fn read_wikitext_split(dir: &Path, split: &str) -> Result<String, DataError> {
     if !dir.is_dir() {
-        return Err(DataError::NotFound { path: dir.into(), hint: wikitext_hint() });
+        return Err(DataError::NotFound {
+            path: dir.into(),
+            hint: wikitext_hint(),
+        });
     }
     for ext in ["raw", "tokens"] {
         let path = dir.join(format!("wiki.{split}.{ext}"));
@@ -149,7 +173,10 @@ pub fn read_wikitext_split(dir: &Path, split: &str) -> Result<String, DataError>
             return read_utf8(&path);
         }
     }
-    Err(DataError::NotFound { path: dir.join(format!("wiki.{split}.raw")), hint: wikitext_hint() })
+    Err(DataError::NotFound {
+        path: dir.join(format!("wiki.{split}.raw")),
+        hint: wikitext_hint(),
+    })
 }
 
 /// Where to put WikiText to run offline.
@@ -162,7 +189,10 @@ pub fn wikitext_hint() -> String {
 /// Reads a whole file as UTF-8.
 pub fn read_utf8(path: &Path) -> Result<String, DataError> {
     let bytes = std::fs::read(path).map_err(|e| DataError::io("read", path, e))?;
-    String::from_utf8(bytes).map_err(|e| DataError::InvalidUtf8 { path: path.into(), offset: e.utf8_error().valid_up_to() })
+    String::from_utf8(bytes).map_err(|e| DataError::InvalidUtf8 {
+        path: path.into(),
+        offset: e.utf8_error().valid_up_to(),
+    })
 }
 
 /// Reads a JSONL corpus. Blank lines are skipped.
@@ -173,8 +203,13 @@ pub fn read_jsonl(path: &Path) -> Result<Vec<Document>, DataError> {
         if line.trim().is_empty() {
             continue;
         }
-        let bad = |message: String| DataError::Jsonl { path: path.into(), line: index + 1, message };
-        let value: serde_json::Value = serde_json::from_str(line).map_err(|e| bad(format!("not JSON ({e})")))?;
+        let bad = |message: String| DataError::Jsonl {
+            path: path.into(),
+            line: index + 1,
+            message,
+        };
+        let value: serde_json::Value =
+            serde_json::from_str(line).map_err(|e| bad(format!("not JSON ({e})")))?;
         let serde_json::Value::Object(mut meta) = value else {
             return Err(bad("not a JSON object".into()));
         };
@@ -197,7 +232,10 @@ pub fn read_text_documents(path: &Path) -> Result<Vec<Document>, DataError> {
     for line in text.lines().chain(std::iter::once("")) {
         if line.trim().is_empty() {
             if !block.is_empty() {
-                documents.push(Document { text: block.join("\n"), meta: Default::default() });
+                documents.push(Document {
+                    text: block.join("\n"),
+                    meta: Default::default(),
+                });
                 block.clear();
             }
         } else {
@@ -220,7 +258,10 @@ pub fn split_documents(
         return Err(DataError::Empty { what: what.into() });
     }
     if n < 2 {
-        return Err(DataError::TooFewDocuments { what: what.into(), documents: n });
+        return Err(DataError::TooFewDocuments {
+            what: what.into(),
+            documents: n,
+        });
     }
     if !(options.valid_fraction > 0.0 && options.valid_fraction < 1.0) {
         return Err(DataError::Invalid(format!(
@@ -237,7 +278,14 @@ pub fn split_documents(
     }
     let (mut train, mut valid) = (Vec::new(), Vec::new());
     for (doc, valid_doc) in documents.into_iter().zip(is_valid) {
-        if valid_doc { valid.push(doc.text) } else { train.push(doc.text) }
+        if valid_doc {
+            valid.push(doc.text)
+        } else {
+            train.push(doc.text)
+        }
     }
-    Ok((train.join(DOCUMENT_SEPARATOR), valid.join(DOCUMENT_SEPARATOR)))
+    Ok((
+        train.join(DOCUMENT_SEPARATOR),
+        valid.join(DOCUMENT_SEPARATOR),
+    ))
 }

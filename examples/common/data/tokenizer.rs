@@ -56,7 +56,9 @@ pub struct Gpt2Tokenizer {
 
 impl Default for Gpt2Tokenizer {
     fn default() -> Self {
-        Gpt2Tokenizer { bpe: tiktoken_rs::r50k_base_singleton() }
+        Gpt2Tokenizer {
+            bpe: tiktoken_rs::r50k_base_singleton(),
+        }
     }
 }
 
@@ -174,4 +176,3 @@ fn chunk_cuts(tokenizer: &dyn Tokenizer, text: &str, chunk_bytes: usize) -> Vec<
     cuts.push(text.len());
     cuts
 }
-

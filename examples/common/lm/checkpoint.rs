@@ -174,7 +174,10 @@ where
         // of coupled and differential attention) its records do not load.
         return Err(TrainError::Corrupt {
             path: dir.join(STATE),
-            message: format!("checkpoint format {} (this build reads {FORMAT})", state.format),
+            message: format!(
+                "checkpoint format {} (this build reads {FORMAT})",
+                state.format
+            ),
             hint: "it was written by another version of the harness; start the run afresh in a new folder",
         });
     }

@@ -3,7 +3,10 @@
 
 use super::{CellResult, Suite, Variant, run_cell};
 use crate::common::backend::{BackendChoice, BackendTask};
-use crate::common::data::{CorpusSource, Hub, LoadOptions, SplitOptions, TokenCache, TokenizedCorpus, TokenizerKind, load_corpus};
+use crate::common::data::{
+    CorpusSource, Hub, LoadOptions, SplitOptions, TokenCache, TokenizedCorpus, TokenizerKind,
+    load_corpus,
+};
 use crate::common::lm::TrainConfig;
 use burn::tensor::backend::AutodiffBackend;
 use coupled_qk::model::{GptConfig, Preset};
@@ -57,12 +60,16 @@ pub struct Budget {
 impl Budget {
     /// The suite whose report goes to `out`.
     pub fn suite(&self, out: &std::path::Path) -> Suite {
-        Suite { runs: self.runs_dir.clone().unwrap_or_else(|| out.join("runs")), quiet: false }
+        Suite {
+            runs: self.runs_dir.clone().unwrap_or_else(|| out.join("runs")),
+            quiet: false,
+        }
     }
 
     /// The training config of one cell.
     pub fn train_config(&self, vocab_size: usize, variant: &Variant, seed: u64) -> TrainConfig {
-        let model = GptConfig::preset(self.preset, vocab_size).with_variant(variant.variant.clone());
+        let model =
+            GptConfig::preset(self.preset, vocab_size).with_variant(variant.variant.clone());
         let mut config = TrainConfig::new(model);
         if let Some(seq_len) = self.seq_len {
             config.seq_len = seq_len;
@@ -81,18 +88,34 @@ impl Budget {
     }
 
     /// Loads a corpus (`--corpus` syntax of the data pipeline) with this budget's tokenizer.
-    pub fn load(&self, corpus: &str, data_dir: Option<&PathBuf>) -> Result<TokenizedCorpus, String> {
+    pub fn load(
+        &self,
+        corpus: &str,
+        data_dir: Option<&PathBuf>,
+    ) -> Result<TokenizedCorpus, String> {
         let mut source: CorpusSource = corpus.parse().map_err(|e| format!("{e}"))?;
         if let (Some(dir), CorpusSource::WikiText { variant, .. }) = (data_dir, &source) {
-            source = CorpusSource::WikiText { variant: *variant, dir: Some(dir.clone()) };
+            source = CorpusSource::WikiText {
+                variant: *variant,
+                dir: Some(dir.clone()),
+            };
         }
         let options = LoadOptions {
             split: SplitOptions::default(),
-            cache: TokenCache::new(self.cache_dir.clone().unwrap_or_else(TokenCache::default_dir)),
-            hub: Hub { progress: true, ..Hub::default() },
+            cache: TokenCache::new(
+                self.cache_dir
+                    .clone()
+                    .unwrap_or_else(TokenCache::default_dir),
+            ),
+            hub: Hub {
+                progress: true,
+                ..Hub::default()
+            },
             verbose: true,
         };
-        Ok(load_corpus(&source, self.tokenizer, &options).map_err(|e| format!("{e}"))?.corpus)
+        Ok(load_corpus(&source, self.tokenizer, &options)
+            .map_err(|e| format!("{e}"))?
+            .corpus)
     }
 }
 
@@ -106,12 +129,24 @@ pub struct Cells<'a> {
 
 impl BackendTask for Cells<'_> {
     type Output = Result<Vec<CellResult>, String>;
-    fn run<B: AutodiffBackend>(self, device: B::Device, _name: &'static str, _gpu: bool) -> Self::Output {
+    fn run<B: AutodiffBackend>(
+        self,
+        device: B::Device,
+        _name: &'static str,
+        _gpu: bool,
+    ) -> Self::Output {
         let total = self.cells.len();
         let mut results = Vec::with_capacity(total);
         for (i, (corpus, variant, config)) in self.cells.into_iter().enumerate() {
-            eprintln!("[{}/{total}] {} · {} · seed {}", i + 1, corpus.name, variant.label, config.seed);
-            let result = run_cell::<B>(self.suite, &variant.label, &config, corpus, &device).map_err(|e| e.to_string())?;
+            eprintln!(
+                "[{}/{total}] {} · {} · seed {}",
+                i + 1,
+                corpus.name,
+                variant.label,
+                config.seed
+            );
+            let result = run_cell::<B>(self.suite, &variant.label, &config, corpus, &device)
+                .map_err(|e| e.to_string())?;
             results.push(result);
         }
         Ok(results)

@@ -2,7 +2,10 @@
 //! it already finished, then read back.
 
 use crate::common::data::TokenizedCorpus;
-use crate::common::lm::{RunConfig, RunOptions, RunSummary, TrainConfig, TrainError, differing_fields, read_metrics, train_with};
+use crate::common::lm::{
+    RunConfig, RunOptions, RunSummary, TrainConfig, TrainError, differing_fields, read_metrics,
+    train_with,
+};
 use burn::tensor::backend::AutodiffBackend;
 use std::path::{Path, PathBuf};
 
@@ -63,7 +66,10 @@ pub struct Suite {
 impl Suite {
     /// The folder of a cell.
     pub fn cell_dir(&self, corpus: &str, variant: &str, seed: u64) -> PathBuf {
-        self.runs.join(corpus).join(variant).join(format!("seed{seed}"))
+        self.runs
+            .join(corpus)
+            .join(variant)
+            .join(format!("seed{seed}"))
     }
 }
 
@@ -86,14 +92,23 @@ pub fn run_cell<B: AutodiffBackend>(
         }
         None => {
             eprintln!("{}: training", dir.display());
-            let options = RunOptions { resume: true, quiet: suite.quiet, ..RunOptions::default() };
+            let options = RunOptions {
+                resume: true,
+                quiet: suite.quiet,
+                ..RunOptions::default()
+            };
             train_with::<B>(config, corpus, &dir, &options, device)?
         }
     };
     let curve = read_metrics(&dir.join("metrics.csv"))?
         .into_iter()
         .filter_map(|r| {
-            r.val.map(|v| CurvePoint { step: r.step, tokens: r.tokens, elapsed_s: r.elapsed_s, val_loss: v.loss })
+            r.val.map(|v| CurvePoint {
+                step: r.step,
+                tokens: r.tokens,
+                elapsed_s: r.elapsed_s,
+                val_loss: v.loss,
+            })
         })
         .collect();
     let missing = |what: &str| TrainError::Corrupt {
@@ -106,7 +121,9 @@ pub fn run_cell<B: AutodiffBackend>(
         variant: variant.into(),
         seed: config.seed,
         val_loss: summary.val_loss.ok_or_else(|| missing("validation loss"))?,
-        val_ppl: summary.val_ppl.ok_or_else(|| missing("validation perplexity"))?,
+        val_ppl: summary
+            .val_ppl
+            .ok_or_else(|| missing("validation perplexity"))?,
         val_bpb: summary.val_bpb.ok_or_else(|| missing("bits per byte"))?,
         tokens: summary.tokens,
         wall_s: summary.wall_s,
@@ -119,7 +136,9 @@ pub fn run_cell<B: AutodiffBackend>(
 }
 
 fn same_config(dir: &Path, config: &TrainConfig, corpus: &TokenizedCorpus) -> bool {
-    let Ok(text) = std::fs::read_to_string(dir.join("config.json")) else { return false };
+    let Ok(text) = std::fs::read_to_string(dir.join("config.json")) else {
+        return false;
+    };
     let (Ok(old), Ok(new)) = (
         serde_json::from_str::<serde_json::Value>(&text),
         serde_json::from_str::<serde_json::Value>(&RunConfig::new(config, corpus).to_json()),

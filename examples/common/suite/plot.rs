@@ -24,9 +24,19 @@ pub fn write_curves_plot(results: &[CellResult], title: &str, path: &Path) -> Re
                 .filter_map(|p| {
                     let at: Vec<f64> = runs
                         .iter()
-                        .filter_map(|r| r.curve.iter().find(|q| q.step == p.step).map(|q| q.val_loss))
+                        .filter_map(|r| {
+                            r.curve
+                                .iter()
+                                .find(|q| q.step == p.step)
+                                .map(|q| q.val_loss)
+                        })
                         .collect();
-                    (at.len() == runs.len()).then(|| (p.tokens as f64 / 1e6, at.iter().sum::<f64>() / at.len() as f64))
+                    (at.len() == runs.len()).then(|| {
+                        (
+                            p.tokens as f64 / 1e6,
+                            at.iter().sum::<f64>() / at.len() as f64,
+                        )
+                    })
                 })
                 .filter(|p| p.1.is_finite())
                 .collect();
@@ -34,9 +44,10 @@ pub fn write_curves_plot(results: &[CellResult], title: &str, path: &Path) -> Re
         })
         .collect();
     let all = lines.iter().flat_map(|(_, p)| p.iter());
-    let (x_max, lo, hi) = all.fold((0f64, f64::INFINITY, f64::NEG_INFINITY), |(x, lo, hi), p| {
-        (x.max(p.0), lo.min(p.1), hi.max(p.1))
-    });
+    let (x_max, lo, hi) = all.fold(
+        (0f64, f64::INFINITY, f64::NEG_INFINITY),
+        |(x, lo, hi), p| (x.max(p.0), lo.min(p.1), hi.max(p.1)),
+    );
     if !lo.is_finite() {
         return Err("no validation points to plot".into());
     }
@@ -65,9 +76,15 @@ pub fn write_curves_plot(results: &[CellResult], title: &str, path: &Path) -> Re
                 .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
                 .map_err(|e| err(&e))?
                 .label(label)
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2)));
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
+                });
             chart
-                .draw_series(points.into_iter().map(|p| Circle::new(p, 2, color.filled())))
+                .draw_series(
+                    points
+                        .into_iter()
+                        .map(|p| Circle::new(p, 2, color.filled())),
+                )
                 .map_err(|e| err(&e))?;
         }
         chart

@@ -25,17 +25,23 @@ pub fn change_pct(value: f64, base: f64) -> f64 {
 /// The ablation table: one row per variant of `corpus`, with the change in perplexity relative to
 /// `standard` (when it was run) and the paper's 60M WikiText-103 column.
 pub fn ablation_table(aggregates: &[Aggregate], corpus: &str) -> String {
-    let base = aggregates.iter().find(|a| a.corpus == corpus && a.variant == "standard").map(|a| a.ppl.0);
+    let base = aggregates
+        .iter()
+        .find(|a| a.corpus == corpus && a.variant == "standard")
+        .map(|a| a.ppl.0);
     let mut md = String::from(
         "| variant | seeds | val loss | val ppl | bits/byte | Δ ppl vs standard | extra params | train tokens/s | paper 60M ppl (Δ) |\n\
          |---|---|---|---|---|---|---|---|---|\n",
     );
     for a in aggregates.iter().filter(|a| a.corpus == corpus) {
         let delta = base.map_or("–".into(), |b| format!("{:+.2}%", change_pct(a.ppl.0, b)));
-        let paper = PAPER_60M.iter().find(|p| p.0 == a.variant).map_or("–".to_string(), |p| {
-            let std = p.2.map_or(String::new(), |s| format!(" ± {s}"));
-            format!("{}{std} ({:+.1}%)", p.1, change_pct(p.1, PAPER_60M[0].1))
-        });
+        let paper = PAPER_60M
+            .iter()
+            .find(|p| p.0 == a.variant)
+            .map_or("–".to_string(), |p| {
+                let std = p.2.map_or(String::new(), |s| format!(" ± {s}"));
+                format!("{}{std} ({:+.1}%)", p.1, change_pct(p.1, PAPER_60M[0].1))
+            });
         let _ = writeln!(
             md,
             "| {} | {} | {} | {} | {} | {delta} | {} | {:.0} | {paper} |",
@@ -53,7 +59,9 @@ pub fn ablation_table(aggregates: &[Aggregate], corpus: &str) -> String {
 
 /// Per-seed results, for the record.
 pub fn seed_table(results: &[CellResult]) -> String {
-    let mut md = String::from("| corpus | variant | seed | val loss | val ppl | bits/byte | tokens | wall s |\n|---|---|---|---|---|---|---|---|\n");
+    let mut md = String::from(
+        "| corpus | variant | seed | val loss | val ppl | bits/byte | tokens | wall s |\n|---|---|---|---|---|---|---|---|\n",
+    );
     for r in results {
         let _ = writeln!(
             md,
@@ -65,13 +73,20 @@ pub fn seed_table(results: &[CellResult]) -> String {
 }
 
 /// Writes `results.json` (every cell and the aggregates) atomically.
-pub fn write_json(path: &Path, results: &[CellResult], aggregates: &[Aggregate], extra: serde_json::Value) -> Result<(), String> {
+pub fn write_json(
+    path: &Path,
+    results: &[CellResult],
+    aggregates: &[Aggregate],
+    extra: serde_json::Value,
+) -> Result<(), String> {
     let json = serde_json::json!({ "cells": results, "aggregates": aggregates, "summary": extra });
     let text = serde_json::to_string_pretty(&json).map_err(|e| e.to_string())?;
-    atomic::write(path, text.as_bytes()).map_err(|e| format!("cannot write {}: {e}", path.display()))
+    atomic::write(path, text.as_bytes())
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
 
 /// Writes a Markdown file atomically.
 pub fn write_markdown(path: &Path, text: &str) -> Result<(), String> {
-    atomic::write(path, text.as_bytes()).map_err(|e| format!("cannot write {}: {e}", path.display()))
+    atomic::write(path, text.as_bytes())
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))
 }

@@ -48,9 +48,13 @@ pub fn aggregate(results: &[CellResult]) -> Vec<Aggregate> {
     }
     keys.into_iter()
         .map(|(corpus, variant)| {
-            let group: Vec<&CellResult> =
-                results.iter().filter(|r| r.corpus == corpus && r.variant == variant).collect();
-            let pick = |f: &dyn Fn(&CellResult) -> f64| mean_std(&group.iter().map(|r| f(r)).collect::<Vec<_>>());
+            let group: Vec<&CellResult> = results
+                .iter()
+                .filter(|r| r.corpus == corpus && r.variant == variant)
+                .collect();
+            let pick = |f: &dyn Fn(&CellResult) -> f64| {
+                mean_std(&group.iter().map(|r| f(r)).collect::<Vec<_>>())
+            };
             Aggregate {
                 seeds: group.len(),
                 loss: pick(&|r| r.val_loss),
@@ -64,7 +68,6 @@ pub fn aggregate(results: &[CellResult]) -> Vec<Aggregate> {
         })
         .collect()
 }
-
 
 /// Where a validation curve first reaches `target` (loss at or below it), interpolating linearly
 /// between evaluations: `(tokens, elapsed seconds)`; `None` if it never does.

@@ -21,18 +21,31 @@ impl FromStr for Variant {
         let steps: Option<usize> = s[base.len()..].parse().ok();
         let variant: AttentionVariant = base.parse().map_err(|e| format!("{e}"))?;
         Ok(match variant {
-            AttentionVariant::Dynamics(DynamicsConfig::Coupled { integrator, steps: default }) => {
+            AttentionVariant::Dynamics(DynamicsConfig::Coupled {
+                integrator,
+                steps: default,
+            }) => {
                 let steps = steps.unwrap_or(default);
                 if steps == 0 {
-                    return Err(format!("`{s}`: a coupled variant needs at least one integrator step"));
+                    return Err(format!(
+                        "`{s}`: a coupled variant needs at least one integrator step"
+                    ));
                 }
                 Variant {
                     label: format!("{}{steps}", variant.name()),
-                    variant: AttentionVariant::Dynamics(DynamicsConfig::Coupled { integrator, steps }),
+                    variant: AttentionVariant::Dynamics(DynamicsConfig::Coupled {
+                        integrator,
+                        steps,
+                    }),
                 }
             }
-            _ if steps.is_some() => return Err(format!("`{s}`: only euler and leapfrog take a step count")),
-            other => Variant { label: other.name().to_string(), variant: other },
+            _ if steps.is_some() => {
+                return Err(format!("`{s}`: only euler and leapfrog take a step count"));
+            }
+            other => Variant {
+                label: other.name().to_string(),
+                variant: other,
+            },
         })
     }
 }
@@ -43,10 +56,16 @@ pub fn parse_variants(names: &[String], steps: &[usize]) -> Result<Vec<Variant>,
     let mut out: Vec<Variant> = Vec::new();
     for name in names {
         let parsed: Variant = name.parse()?;
-        let coupled = matches!(parsed.variant, AttentionVariant::Dynamics(DynamicsConfig::Coupled { .. }));
+        let coupled = matches!(
+            parsed.variant,
+            AttentionVariant::Dynamics(DynamicsConfig::Coupled { .. })
+        );
         let has_digits = name.ends_with(|c: char| c.is_ascii_digit());
         let expanded: Vec<Variant> = if coupled && !has_digits && !steps.is_empty() {
-            steps.iter().map(|n| format!("{name}{n}").parse()).collect::<Result<_, _>>()?
+            steps
+                .iter()
+                .map(|n| format!("{name}{n}").parse())
+                .collect::<Result<_, _>>()?
         } else {
             vec![parsed]
         };
