@@ -1,0 +1,343 @@
+//! Training-step benchmark (issue 7): forward + backward + AdamW of whole models and of one layer
+//! of the `60m` shape, for each attention variant, as tokens per second, peak memory and ratios to
+//! standard attention in one run.
+//!
+//! ```sh
+//! cargo run --release --example train_step_bench                                 # Flex (CPU)
+//! cargo run --release --features cuda --example train_step_bench -- --backend cuda --with-60m
+//! ```
+//!
+//! Configurations: `tiny` (the preset: d 128, 4 layers, 4 heads, context 256; batch 16, vocab 256),
+//! `torch-small` (d 128, 4 layers, 4 heads, seq 128, batch 16, vocab 512) and `torch-medium`
+//! (d 256, 4 layers, 4 heads, seq 256, batch 8, vocab 8192), the two shapes issue 7 gives PyTorch
+//! eager figures for (11.8k and 2.1k tokens/s on 2 threads), `layer-60m` (one attention layer of
+//! the 60m preset, d 576, 9 heads, seq 512, batch 8, under AdamW with a squared-output loss; with
+//! burn-nn's `MultiHeadAttention` beside the crate's variants), and with `--with-60m` the whole
+//! `60m` preset (batch 8 × 512, GPT-2 vocabulary).
+//!
+//! Every variant of a configuration is built first and the timed steps go round-robin (the order
+//! rotated each round), so a change in the machine's load falls on all variants alike. Each
+//! figure is the median over `--reps` steps after `--warmup` untimed ones. Peak memory is counted
+//! by this program's allocator: the most heap bytes held during a step above those held before it
+//! (activations, gradients, temporaries; not the weights and optimiser state held between steps).
+//! It is meaningful on CPU backends only; on a GPU it counts host memory.
+
+#[path = "../common/mod.rs"]
+mod common;
+mod peak;
+
+use burn::module::AutodiffModule;
+use burn::nn::attention::{MhaInput, MultiHeadAttentionConfig, generate_autoregressive_mask};
+use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{Distribution, Tensor};
+use clap::Parser;
+use common::backend::{BackendChoice, BackendTask, dispatch};
+use common::data::TokenBatch;
+use common::lm::batch_loss;
+use coupled_qk::model::{AttentionVariant, Gpt, GptConfig, Preset};
+use coupled_qk::{CoupledQkAttentionConfig, DynamicsConfig};
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[global_allocator]
+static ALLOC: peak::PeakAlloc = peak::PeakAlloc::new();
+
+#[derive(Parser, Debug)]
+#[command(about = "Training-step throughput, peak memory and ratios of the attention variants")]
+struct Args {
+    /// auto, flex, wgpu or cuda.
+    #[arg(long, default_value = "auto")]
+    backend: BackendChoice,
+    /// Timed steps per variant (the median is reported).
+    #[arg(long, default_value_t = 7)]
+    reps: usize,
+    /// Untimed steps first, per variant.
+    #[arg(long, default_value_t = 2)]
+    warmup: usize,
+    /// Also the whole 60m preset (slow on a CPU: many seconds per step).
+    #[arg(long)]
+    with_60m: bool,
+    /// Only these configurations (tiny, torch-small, torch-medium, layer-60m, 60m).
+    #[arg(long, value_delimiter = ',')]
+    only: Option<Vec<String>>,
+    /// Only these variants (standard, euler1, euler3, leapfrog1, mlp-only, diff, burn-mha);
+    /// standard is always run: the ratios are to it.
+    #[arg(long, value_delimiter = ',')]
+    variants: Option<Vec<String>>,
+    /// Write the figures as JSON here.
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+/// A model shape and batch.
+struct Shape {
+    name: &'static str,
+    model: Option<GptConfig>,
+    batch: usize,
+    seq: usize,
+}
+
+fn shapes(args: &Args) -> Vec<Shape> {
+    let gpt = |vocab, d, layers, heads, context| GptConfig::new(vocab, d, layers, heads, context);
+    let mut shapes = vec![
+        Shape {
+            name: "tiny",
+            model: Some(GptConfig::preset(Preset::Tiny, 256)),
+            batch: 16,
+            seq: 256,
+        },
+        Shape {
+            name: "torch-small",
+            model: Some(gpt(512, 128, 4, 4, 128)),
+            batch: 16,
+            seq: 128,
+        },
+        Shape {
+            name: "torch-medium",
+            model: Some(gpt(8192, 256, 4, 4, 256)),
+            batch: 8,
+            seq: 256,
+        },
+        Shape {
+            name: "layer-60m",
+            model: None,
+            batch: 8,
+            seq: 512,
+        },
+    ];
+    if args.with_60m {
+        shapes.push(Shape {
+            name: "60m",
+            model: Some(GptConfig::preset(Preset::M60, 50257)),
+            batch: 8,
+            seq: 512,
+        });
+    }
+    if let Some(only) = &args.only {
+        shapes.retain(|s| only.iter().any(|o| o == s.name));
+    }
+    shapes
+}
+
+/// What is compared: a variant of the crate's attention, or burn-nn's layer (layer shape only).
+#[derive(Clone)]
+enum Contender {
+    Crate(AttentionVariant),
+    BurnMha,
+}
+
+fn contenders(args: &Args) -> Vec<(&'static str, Contender)> {
+    let all = vec![
+        ("standard", Contender::Crate(DynamicsConfig::Standard.into())),
+        ("euler1", Contender::Crate(DynamicsConfig::euler(1).into())),
+        ("euler3", Contender::Crate(DynamicsConfig::euler(3).into())),
+        ("leapfrog1", Contender::Crate(DynamicsConfig::leapfrog(1).into())),
+        ("mlp-only", Contender::Crate(DynamicsConfig::MlpOnly.into())),
+        ("diff", Contender::Crate(AttentionVariant::Differential)),
+        ("burn-mha", Contender::BurnMha),
+    ];
+    match &args.variants {
+        None => all,
+        Some(keep) => all
+            .into_iter()
+            .filter(|(label, _)| *label == "standard" || keep.iter().any(|k| k == label))
+            .collect(),
+    }
+}
+
+/// One timed training step: seconds, and peak heap bytes above those held before it.
+#[derive(Clone, Copy)]
+struct Measure {
+    secs: f64,
+    peak_bytes: usize,
+}
+
+type Step<'a> = Box<dyn FnMut() -> Measure + 'a>;
+
+fn measured<B: AutodiffBackend>(device: &B::Device, work: impl FnOnce()) -> Measure {
+    let before = ALLOC.reset_peak();
+    let start = Instant::now();
+    work();
+    B::sync(device).expect("the device finishes its work");
+    Measure {
+        secs: start.elapsed().as_secs_f64(),
+        peak_bytes: ALLOC.peak().saturating_sub(before),
+    }
+}
+
+fn model_step<'a, B: AutodiffBackend>(
+    config: GptConfig,
+    shape: &Shape,
+    device: &'a B::Device,
+) -> Step<'a> {
+    B::seed(device, 0);
+    let mut model = Some(config.init::<B>(device));
+    let mut optimizer = AdamWConfig::new().init::<B, Gpt<B>>();
+    let mut rng = StdRng::seed_from_u64(0);
+    let (rows, seq_len, vocab) = (shape.batch, shape.seq, config.vocab_size as i64);
+    Box::new(move || {
+        let n = rows * seq_len;
+        let batch = TokenBatch {
+            inputs: (0..n).map(|_| rng.random_range(0..vocab)).collect(),
+            targets: (0..n).map(|_| rng.random_range(0..vocab)).collect(),
+            rows,
+            seq_len,
+            target_bytes: n as u64,
+        };
+        measured::<B>(device, || {
+            let current = model.take().expect("the model is put back after each step");
+            let loss = batch_loss(&current, &batch, device);
+            let grads = GradientsParams::from_grads(loss.backward(), &current);
+            model = Some(optimizer.step(1e-4, current, grads));
+        })
+    })
+}
+
+/// One layer of the 60m shape (d 576, 9 heads, causal) under a squared-output loss.
+fn layer_step<'a, B: AutodiffBackend>(
+    contender: &Contender,
+    shape: &Shape,
+    device: &'a B::Device,
+) -> Option<Step<'a>> {
+    B::seed(device, 0);
+    let (rows, seq) = (shape.batch, shape.seq);
+    match contender {
+        Contender::Crate(AttentionVariant::Dynamics(dynamics)) => {
+            let layer = CoupledQkAttentionConfig::new(576, 9)
+                .with_dynamics(dynamics.clone())
+                .with_causal(true)
+                .init::<B>(device);
+            Some(train_layer(layer, |l, x| l.forward(x), rows, seq, device))
+        }
+        Contender::BurnMha => {
+            let layer = MultiHeadAttentionConfig::new(576, 9).init::<B>(device);
+            let forward = move |l: &burn::nn::attention::MultiHeadAttention<B>, x: Tensor<B, 3>| {
+                let mask = generate_autoregressive_mask::<B>(rows, seq, device);
+                l.forward(MhaInput::self_attn(x).mask_attn(mask)).context
+            };
+            Some(train_layer(layer, forward, rows, seq, device))
+        }
+        Contender::Crate(AttentionVariant::Differential) => None,
+    }
+}
+
+fn train_layer<'a, B: AutodiffBackend, M: AutodiffModule<B> + 'a>(
+    layer: M,
+    forward: impl Fn(&M, Tensor<B, 3>) -> Tensor<B, 3> + 'a,
+    rows: usize,
+    seq: usize,
+    device: &'a B::Device,
+) -> Step<'a> {
+    let mut layer = Some(layer);
+    let mut optimizer = AdamWConfig::new().init::<B, M>();
+    Box::new(move || {
+        let x = Tensor::<B, 3>::random([rows, seq, 576], Distribution::Normal(0.0, 1.0), device);
+        measured::<B>(device, || {
+            let current = layer.take().expect("the layer is put back after each step");
+            let loss = forward(&current, x).powi_scalar(2).mean();
+            let grads = GradientsParams::from_grads(loss.backward(), &current);
+            layer = Some(optimizer.step(1e-4, current, grads));
+        })
+    })
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
+}
+
+struct Bench<'a> {
+    args: &'a Args,
+}
+
+impl BackendTask for Bench<'_> {
+    type Output = serde_json::Value;
+
+    fn run<B: AutodiffBackend>(
+        self,
+        device: B::Device,
+        name: &'static str,
+        _gpu: bool,
+    ) -> serde_json::Value {
+        let args = self.args;
+        let mut rows = Vec::new();
+        println!(
+            "| config | variant | median step ms | tokens/s | ratio to standard | step peak MiB | memory ratio |\n|---|---|---|---|---|---|---|"
+        );
+        for shape in shapes(args) {
+            let mut runners: Vec<(&str, Step)> = Vec::new();
+            for (label, contender) in contenders(args) {
+                let step = match (&shape.model, &contender) {
+                    (Some(model), Contender::Crate(variant)) => Some(model_step::<B>(
+                        model.clone().with_variant(variant.clone()),
+                        &shape,
+                        &device,
+                    )),
+                    (Some(_), Contender::BurnMha) => None,
+                    (None, _) => layer_step::<B>(&contender, &shape, &device),
+                };
+                if let Some(step) = step {
+                    runners.push((label, step));
+                }
+            }
+            for (_, step) in runners.iter_mut() {
+                for _ in 0..args.warmup {
+                    step();
+                }
+            }
+            let n = runners.len();
+            let mut measures = vec![Vec::new(); n];
+            for rep in 0..args.reps {
+                for i in 0..n {
+                    let index = (i + rep) % n;
+                    measures[index].push((runners[index].1)());
+                }
+            }
+            let (mut standard_s, mut standard_bytes) = (None, None);
+            for ((label, _), measures) in runners.iter().zip(measures) {
+                let times: Vec<f64> = measures.iter().map(|m| m.secs).collect();
+                let bytes: Vec<f64> = measures.iter().map(|m| m.peak_bytes as f64).collect();
+                let (step, peak) = (median(times.clone()), median(bytes));
+                let standard_step = *standard_s.get_or_insert(step);
+                let standard_peak = *standard_bytes.get_or_insert(peak);
+                let tokens_per_s = (shape.batch * shape.seq) as f64 / step;
+                println!(
+                    "| {} | {label} | {:.1} | {tokens_per_s:.0} | {:.3} | {:.1} | {:.3} |",
+                    shape.name,
+                    step * 1e3,
+                    step / standard_step,
+                    peak / (1 << 20) as f64,
+                    peak / standard_peak,
+                );
+                rows.push(serde_json::json!({
+                    "config": shape.name, "variant": label, "batch": shape.batch, "seq": shape.seq,
+                    "step_s_median": step, "step_s": times, "tokens_per_s": tokens_per_s,
+                    "ratio_to_standard": step / standard_step,
+                    "step_peak_bytes_median": peak, "memory_ratio_to_standard": peak / standard_peak,
+                }));
+            }
+        }
+        serde_json::json!({ "backend": name, "reps": args.reps, "warmup": args.warmup, "rows": rows })
+    }
+}
+
+fn main() {
+    let args = Args::parse();
+    let result = match dispatch(args.backend, Bench { args: &args }) {
+        Ok(result) => result,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::exit(1);
+        }
+    };
+    if let Some(path) = &args.out {
+        let text = serde_json::to_string_pretty(&result).expect("JSON");
+        if let Err(e) = common::atomic::write(path, text.as_bytes()) {
+            eprintln!("error: cannot write {}: {e}", path.display());
+            std::process::exit(1);
+        }
+    }
+}
