@@ -12,6 +12,11 @@ use coupled_qk::{CoupledQkAttentionConfig, DynamicsConfig};
 use criterion::Criterion;
 use std::time::Duration;
 
+// As in the example programs (examples/common/alloc.rs): glibc's malloc maps and unmaps every
+// large tensor, and the page faults would dominate the figures.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const BATCH: usize = 8;
 const SEQ: usize = 256;
 const D_MODEL: usize = 512;

@@ -1,6 +1,7 @@
 //! The experiment harness shared by the example programs.
 #![allow(dead_code, unused_imports)]
 
+pub mod alloc;
 pub mod atomic;
 pub mod backend;
 pub mod data;

@@ -4,7 +4,7 @@ use burn::nn::Dropout;
 use burn::tensor::activation::softmax;
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
-use burn::tensor::{Bool, Tensor, backend::Backend};
+use burn::tensor::{Bool, FloatDType, Tensor, backend::Backend};
 
 /// `softmax(q·kᵀ/√d_head + mask)·v`, with `true` in `mask` meaning "masked out".
 ///
@@ -12,8 +12,12 @@ use burn::tensor::{Bool, Tensor, backend::Backend};
 /// so that the last queries of a cached decode see every earlier key). A row with every key masked
 /// yields zeros, not NaN.
 ///
-/// Uses Burn's `attention` op (fused where the backend has a kernel), except when attention
-/// dropout is active (that op has none), where it scores explicitly.
+/// Without autodiff it uses Burn's `attention` op (fused where the backend has a kernel). Under
+/// autodiff it scores explicitly: Burn's autodiff decomposes that op anyway, and its decomposition
+/// expands the causal mask to `[batch, heads, s_q, s_k]` and copies it in a masked fill forward and
+/// backward, and differentiates through the softmax's max shift. The explicit path adds the
+/// causal mask as a broadcast `[s_q, s_k]` bias (free in the backward pass) and uses `softmax`,
+/// whose shift is detached; it also applies attention dropout, which the op has not.
 ///
 /// # Shapes
 /// - `q`: `[batch, heads, s_q, d_head]`; `k`, `v`: `[batch, heads, s_k, d_head]`
@@ -27,7 +31,7 @@ pub(crate) fn attend<B: Backend>(
     causal: bool,
     dropout: &Dropout,
 ) -> Tensor<B, 4> {
-    if dropout.prob > 0.0 && B::ad_enabled(&q.device()) {
+    if B::ad_enabled(&q.device()) {
         return attend_explicit(q, k, v, mask, causal, dropout);
     }
     let options = AttentionModuleOptions {
@@ -70,6 +74,22 @@ pub(crate) fn attention_weights<B: Backend>(
     let scores = q
         .matmul(k.swap_dims(2, 3))
         .mul_scalar(1.0 / (d_head as f64).sqrt()); // [batch, heads, s_q, s_k]
+    if mask.is_none() && (!causal || s_k >= s_q) {
+        // No row can be fully masked: every query sees at least the key at its own position.
+        let scores = match causal {
+            // Flat rows of s_q·s_k: Flex adds a bias shared by every row with one SIMD pass,
+            // while a [1, 1, s_q, s_k] bias takes its strided path (~10% of a training step).
+            true => {
+                let bias = causal_bias::<B>(s_q, s_k, &scores.device())
+                    .cast(FloatDType::from(scores.dtype()))
+                    .reshape([1, s_q * s_k]);
+                (scores.reshape([batch * heads, s_q * s_k]) + bias)
+                    .reshape([batch, heads, s_q, s_k])
+            }
+            false => scores,
+        };
+        return softmax(scores, 3);
+    }
     let mask = match (mask, causal) {
         (mask, false) => mask,
         (mask, true) => {
@@ -102,6 +122,15 @@ pub(crate) fn attention_weights<B: Backend>(
 ///
 /// # Panics
 /// If a mask has another shape; the message starts with `layer`.
+/// `0` where query `i` may see key `j` (`j ≤ i + s_k − s_q`), `−∞` where it may not.
+///
+/// # Shapes
+/// - output: `[s_q, s_k]`
+fn causal_bias<B: Backend>(s_q: usize, s_k: usize, device: &B::Device) -> Tensor<B, 2> {
+    let future = Tensor::<B, 2, Bool>::tril_mask([s_q, s_k], s_k as i64 - s_q as i64, device);
+    Tensor::<B, 2>::zeros([s_q, s_k], device).mask_fill(future, f32::NEG_INFINITY)
+}
+
 pub(crate) fn combine_masks<B: Backend>(
     layer: &str,
     mask_pad: Option<Tensor<B, 2, Bool>>,
@@ -178,6 +207,51 @@ mod tests {
                     got.into_data()
                         .assert_approx_eq::<f32>(&expected.into_data(), Tolerance::default());
                 }
+            }
+        }
+    }
+
+    /// Under autodiff `attend` takes its own path (causal mask as a broadcast bias); its
+    /// gradients equal those of Burn's attention op, which autodiff decomposes.
+    #[test]
+    fn gradients_under_autodiff_match_the_attention_op() {
+        type Ad = burn::backend::Autodiff<Flex>;
+        let device = Default::default();
+        let no_dropout = DropoutConfig::new(0.0).init();
+        for (s_q, s_k) in [(6, 6), (2, 6)] {
+            let leaf = |s| {
+                Tensor::<Ad, 4>::random([2, 3, s, 8], Distribution::Default, &device).require_grad()
+            };
+            let (q, k, v) = (leaf(s_q), leaf(s_k), leaf(s_k));
+            let w = Tensor::<Ad, 4>::random([2, 3, s_q, 8], Distribution::Default, &device);
+            let grads_of = |out: Tensor<Ad, 4>| {
+                let grads = (out * w.clone()).sum().backward();
+                [&q, &k, &v].map(|t| t.grad(&grads).expect("a leaf gets a gradient"))
+            };
+            let options = AttentionModuleOptions {
+                scale: None,
+                softcap: None,
+                is_causal: true,
+            };
+            let expected = grads_of(attention(
+                q.clone(),
+                k.clone(),
+                v.clone(),
+                None,
+                None,
+                options,
+            ));
+            let got = grads_of(attend(
+                q.clone(),
+                k.clone(),
+                v.clone(),
+                None,
+                true,
+                &no_dropout,
+            ));
+            for (got, expected) in got.into_iter().zip(expected) {
+                got.into_data()
+                    .assert_approx_eq::<f32>(&expected.into_data(), Tolerance::default());
             }
         }
     }

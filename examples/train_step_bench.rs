@@ -22,9 +22,7 @@
 //! (activations, gradients, temporaries; not the weights and optimiser state held between steps).
 //! It is meaningful on CPU backends only; on a GPU it counts host memory.
 
-#[path = "../common/mod.rs"]
 mod common;
-mod peak;
 
 use burn::module::AutodiffModule;
 use burn::nn::attention::{MhaInput, MultiHeadAttentionConfig, generate_autoregressive_mask};
@@ -32,6 +30,7 @@ use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Distribution, Tensor};
 use clap::Parser;
+use common::alloc::ALLOC;
 use common::backend::{BackendChoice, BackendTask, dispatch};
 use common::data::TokenBatch;
 use common::lm::batch_loss;
@@ -41,9 +40,6 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use std::path::PathBuf;
 use std::time::Instant;
-
-#[global_allocator]
-static ALLOC: peak::PeakAlloc = peak::PeakAlloc::new();
 
 #[derive(Parser, Debug)]
 #[command(about = "Training-step throughput, peak memory and ratios of the attention variants")]
@@ -131,10 +127,16 @@ enum Contender {
 
 fn contenders(args: &Args) -> Vec<(&'static str, Contender)> {
     let all = vec![
-        ("standard", Contender::Crate(DynamicsConfig::Standard.into())),
+        (
+            "standard",
+            Contender::Crate(DynamicsConfig::Standard.into()),
+        ),
         ("euler1", Contender::Crate(DynamicsConfig::euler(1).into())),
         ("euler3", Contender::Crate(DynamicsConfig::euler(3).into())),
-        ("leapfrog1", Contender::Crate(DynamicsConfig::leapfrog(1).into())),
+        (
+            "leapfrog1",
+            Contender::Crate(DynamicsConfig::leapfrog(1).into()),
+        ),
         ("mlp-only", Contender::Crate(DynamicsConfig::MlpOnly.into())),
         ("diff", Contender::Crate(AttentionVariant::Differential)),
         ("burn-mha", Contender::BurnMha),

@@ -1,9 +1,21 @@
-//! A global allocator that counts the bytes the process holds, so the benchmark can report the
-//! peak memory of a training step on CPU backends (Flex allocates from the system heap; it keeps
-//! no pool of its own that would hide the peak).
+//! The example programs' global allocator: mimalloc, wrapped in a counter of the bytes held, so
+//! that a program can report the peak memory of a training step on CPU backends.
+//!
+//! Why not the system allocator: a training step allocates and frees tensors of tens of MB many
+//! times. glibc's malloc serves each of those with a fresh `mmap` and returns it with `munmap`, so
+//! every step page-faults its memory in again: on Flex that was ~45% of a step of one 60m-shape
+//! layer (`perf`, docs/performance.md). mimalloc keeps freed memory and reuses it. Flex keeps no
+//! pool of its own, so the counter sees every tensor.
 
-use std::alloc::{GlobalAlloc, Layout, System};
+use mimalloc::MiMalloc;
+use std::alloc::{GlobalAlloc, Layout};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+
+static INNER: MiMalloc = MiMalloc;
+
+/// The allocator of every program that includes `common` (examples and the harness's tests).
+#[global_allocator]
+pub static ALLOC: PeakAlloc = PeakAlloc::new();
 
 pub struct PeakAlloc {
     current: AtomicUsize,
@@ -36,10 +48,10 @@ impl PeakAlloc {
     }
 }
 
-// SAFETY: every call forwards to the system allocator unchanged; the counters only observe it.
+// SAFETY: every call forwards to the inner allocator unchanged; the counters only observe it.
 unsafe impl GlobalAlloc for PeakAlloc {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let ptr = unsafe { System.alloc(layout) };
+        let ptr = unsafe { INNER.alloc(layout) };
         if !ptr.is_null() {
             self.grow(layout.size());
         }
@@ -47,7 +59,7 @@ unsafe impl GlobalAlloc for PeakAlloc {
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        let ptr = unsafe { System.alloc_zeroed(layout) };
+        let ptr = unsafe { INNER.alloc_zeroed(layout) };
         if !ptr.is_null() {
             self.grow(layout.size());
         }
@@ -55,12 +67,12 @@ unsafe impl GlobalAlloc for PeakAlloc {
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) };
+        unsafe { INNER.dealloc(ptr, layout) };
         self.current.fetch_sub(layout.size(), Relaxed);
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let new = unsafe { System.realloc(ptr, layout, new_size) };
+        let new = unsafe { INNER.realloc(ptr, layout, new_size) };
         if !new.is_null() {
             self.current.fetch_sub(layout.size(), Relaxed);
             self.grow(new_size);
