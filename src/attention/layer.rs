@@ -190,11 +190,11 @@ impl<B: Backend> CoupledQkAttention<B> {
         let (q, k) = match (&self.rotary, self.rotary_position) {
             (None, _) => {
                 let (q, k) = self.dynamics.forward(q, k);
-                (q.swap_dims(1, 2), k.swap_dims(1, 2))
+                (to_heads(q), to_heads(k))
             }
             (Some(rope), RotaryPosition::AfterDynamics) => {
                 let (q, k) = self.dynamics.forward(q, k);
-                let rotate = |x: Tensor<B, 4>| self.rotate(rope, x.swap_dims(1, 2), start);
+                let rotate = |x: Tensor<B, 4>| self.rotate(rope, to_heads(x), start);
                 (rotate(q), rotate(k))
             }
             (Some(rope), RotaryPosition::BeforeDynamics) => {
@@ -202,7 +202,7 @@ impl<B: Backend> CoupledQkAttention<B> {
                 let rotate =
                     |x: Tensor<B, 4>| self.rotate(rope, x.swap_dims(1, 2), start).swap_dims(1, 2);
                 let (q, k) = self.dynamics.forward(rotate(q), rotate(k));
-                (q.swap_dims(1, 2), k.swap_dims(1, 2))
+                (to_heads(q), to_heads(k))
             }
         };
         (q, k, v)
@@ -232,4 +232,17 @@ impl<B: Backend> CoupledQkAttention<B> {
             .reshape([batch, seq, self.d_model()]);
         self.output.forward(merged)
     }
+}
+/// `[batch, seq, heads, d_head]` → `[batch, heads, seq, d_head]`, as a view.
+///
+/// The gradient that comes back through a transposition is a strided view, and the dynamics
+/// use their inputs twice (`q` in the drift and in `f`, `k` in the drift and the kick): on Flex
+/// every backward op on that view would take the strided path, several times slower than on
+/// contiguous memory. The reshape round trip costs nothing forward and makes the backward pass
+/// copy the gradient to token-major memory once, before it fans out.
+fn to_heads<B: Backend>(x: Tensor<B, 4>) -> Tensor<B, 4> {
+    let [batch, seq, heads, d_head] = x.dims();
+    x.reshape([batch, seq, heads * d_head])
+        .reshape([batch, seq, heads, d_head])
+        .swap_dims(1, 2)
 }
