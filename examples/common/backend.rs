@@ -9,7 +9,8 @@ use std::str::FromStr;
 /// A backend choice from the command line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BackendChoice {
-    /// The best compiled and working one: CUDA, then WGPU, then Flex.
+    /// The best compiled and working one: CUDA, then WGPU when its adapter is a GPU (not a CPU
+    /// driver such as llvmpipe), then Flex.
     Auto,
     /// Flex, the fastest CPU backend.
     Flex,
@@ -106,7 +107,7 @@ pub fn dispatch_devices<T: MultiDeviceTask>(
     }
     let chosen = match choice {
         BackendChoice::Auto if cuda_works() => BackendChoice::Cuda,
-        BackendChoice::Auto if cfg!(feature = "wgpu") => BackendChoice::Wgpu,
+        BackendChoice::Auto if wgpu_on_a_gpu() => BackendChoice::Wgpu,
         BackendChoice::Auto => BackendChoice::Flex,
         other => other,
     };
@@ -198,9 +199,15 @@ fn run_cuda<T: MultiDeviceTask>(_task: T, _count: usize) -> Result<T::Output, St
 fn run_wgpu<T: MultiDeviceTask>(task: T, count: usize) -> Result<T::Output, String> {
     use burn::backend::wgpu::WgpuDevice;
     if count == 1 {
-        eprintln!(
-            "backend: WGPU (default adapter; on a machine without a GPU this is a slow CPU driver)"
-        );
+        match wgpu_default_adapter() {
+            Ok(adapter) if adapter.is_cpu => eprintln!(
+                "backend: WGPU on {} — a CPU driver, not a GPU: expect it to be slower than \
+                 --backend flex",
+                adapter.description
+            ),
+            Ok(adapter) => eprintln!("backend: WGPU on {}", adapter.description),
+            Err(why) => return Err(format!("--backend wgpu: {why}")),
+        }
         return Ok(task.run::<burn::backend::Autodiff<burn::backend::Wgpu>>(
             vec![WgpuDevice::default()],
             "wgpu",
@@ -219,6 +226,69 @@ fn run_wgpu<T: MultiDeviceTask>(task: T, count: usize) -> Result<T::Output, Stri
     }
     eprintln!("backend: WGPU (discrete GPUs 0..{count}, data-parallel; GPU 0 is the main one)");
     Ok(task.run::<burn::backend::Autodiff<burn::backend::Wgpu>>(devices, "wgpu", true))
+}
+
+/// WGPU's default adapter, as Burn will use it.
+#[cfg(feature = "wgpu")]
+#[derive(Clone)]
+struct WgpuAdapter {
+    description: String,
+    is_cpu: bool,
+}
+
+/// Sets up WGPU's default device once (Burn then trains on that setup) and says what adapter it
+/// got. A machine without a GPU may still offer a CPU driver (Mesa's llvmpipe or lavapipe,
+/// Microsoft's WARP), which would train far slower than Flex.
+#[cfg(feature = "wgpu")]
+fn wgpu_default_adapter() -> Result<WgpuAdapter, String> {
+    use burn::backend::wgpu::{RuntimeOptions, WgpuDevice, graphics::AutoGraphicsApi, init_setup};
+    static ADAPTER: std::sync::OnceLock<Result<WgpuAdapter, String>> = std::sync::OnceLock::new();
+    ADAPTER
+        .get_or_init(|| {
+            // cubecl panics when there is no adapter; keep its backtrace off the terminal and say
+            // what happened in one line instead.
+            let hook = std::panic::take_hook();
+            std::panic::set_hook(Box::new(|_| {}));
+            let setup = std::panic::catch_unwind(|| {
+                init_setup::<AutoGraphicsApi>(&WgpuDevice::DefaultDevice, RuntimeOptions::default())
+            });
+            std::panic::set_hook(hook);
+            let setup = setup.map_err(|payload| {
+                let detail = payload
+                    .downcast_ref::<String>()
+                    .map(String::as_str)
+                    .or_else(|| payload.downcast_ref::<&str>().copied())
+                    .unwrap_or("no detail");
+                format!(
+                    "WGPU found no usable adapter (no GPU driver for Vulkan, Metal or DX12: {})",
+                    detail.lines().next().unwrap_or(detail)
+                )
+            })?;
+            let info = setup.adapter.get_info();
+            // wgpu::DeviceType, named through Debug to keep wgpu out of the dependencies.
+            let kind = format!("{:?}", info.device_type);
+            Ok(WgpuAdapter {
+                description: format!("`{}` ({kind}, {:?})", info.name, info.backend),
+                is_cpu: kind == "Cpu",
+            })
+        })
+        .clone()
+}
+
+/// Whether `auto` should take WGPU: compiled in, and its default adapter is a GPU.
+fn wgpu_on_a_gpu() -> bool {
+    #[cfg(feature = "wgpu")]
+    {
+        match wgpu_default_adapter() {
+            Ok(adapter) if !adapter.is_cpu => return true,
+            Ok(adapter) => eprintln!(
+                "backend: WGPU's adapter is {}, a CPU driver: choosing Flex",
+                adapter.description
+            ),
+            Err(why) => eprintln!("backend: {why}: choosing Flex"),
+        }
+    }
+    false
 }
 
 #[cfg(not(feature = "wgpu"))]
