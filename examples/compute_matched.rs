@@ -143,9 +143,10 @@ fn run(args: Args) -> Result<(), String> {
     }
     md.push_str(
         "\nThe paper: standard attention needs about 2.4× the tokens of the coupled model to match it.\n\n\
-         Caveat: the baseline runs one warmup-cosine schedule over its whole budget, so at a fraction of it \
-         its learning rate has not yet annealed; a run sized to exactly that many tokens would do better. \
-         The token ratio here is therefore an upper bound (it favours the coupled model).\n",
+         Caveat: the baseline runs one warmup-cosine schedule over its whole budget, so where it crosses \
+         the coupled run's loss its learning rate has not annealed as a run sized to exactly that many \
+         tokens would have. That can move the crossing either way (annealing lowers the loss; a longer \
+         high-rate phase can learn faster); compare with a standard run of the coupled run's budget.\n",
     );
     md.push_str(&format!("\n## Per run\n\n{}", seed_table(&results)));
     let aggregates = aggregate(&results);
