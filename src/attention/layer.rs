@@ -233,6 +233,7 @@ impl<B: Backend> CoupledQkAttention<B> {
         self.output.forward(merged)
     }
 }
+
 /// `[batch, seq, heads, d_head]` → `[batch, heads, seq, d_head]`, as a view.
 ///
 /// The gradient that comes back through a transposition is a strided view, and the dynamics

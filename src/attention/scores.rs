@@ -117,11 +117,6 @@ pub(crate) fn attention_weights<B: Backend>(
     }
 }
 
-/// One `[batch, heads, seq, seq]` mask (`true`: masked out) from a padding mask `[batch, seq]`
-/// and an attention mask `[batch, seq, seq]`, either optional.
-///
-/// # Panics
-/// If a mask has another shape; the message starts with `layer`.
 /// `0` where query `i` may see key `j` (`j ≤ i + s_k − s_q`), `−∞` where it may not.
 ///
 /// # Shapes
@@ -131,6 +126,11 @@ fn causal_bias<B: Backend>(s_q: usize, s_k: usize, device: &B::Device) -> Tensor
     Tensor::<B, 2>::zeros([s_q, s_k], device).mask_fill(future, f32::NEG_INFINITY)
 }
 
+/// One `[batch, heads, seq, seq]` mask (`true`: masked out) from a padding mask `[batch, seq]`
+/// and an attention mask `[batch, seq, seq]`, either optional.
+///
+/// # Panics
+/// If a mask has another shape; the message starts with `layer`.
 pub(crate) fn combine_masks<B: Backend>(
     layer: &str,
     mask_pad: Option<Tensor<B, 2, Bool>>,
