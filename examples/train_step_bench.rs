@@ -190,10 +190,9 @@ fn model_step<'a, B: AutodiffBackend>(
             target_bytes: n as u64,
         };
         measured::<B>(device, || {
-            let current = model.take().expect("the model is put back after each step");
-            let loss = batch_loss(&current, &batch, device);
-            let grads = GradientsParams::from_grads(loss.backward(), &current);
-            model = Some(optimizer.step(1e-4, current, grads));
+            optimise(&mut model, &mut optimizer, |m| {
+                batch_loss(m, &batch, device)
+            })
         })
     })
 }
@@ -238,12 +237,23 @@ fn train_layer<'a, B: AutodiffBackend, M: AutodiffModule<B> + 'a>(
     Box::new(move || {
         let x = Tensor::<B, 3>::random([rows, seq, 576], Distribution::Normal(0.0, 1.0), device);
         measured::<B>(device, || {
-            let current = layer.take().expect("the layer is put back after each step");
-            let loss = forward(&current, x).powi_scalar(2).mean();
-            let grads = GradientsParams::from_grads(loss.backward(), &current);
-            layer = Some(optimizer.step(1e-4, current, grads));
+            optimise(&mut layer, &mut optimizer, |l| {
+                forward(l, x).powi_scalar(2).mean()
+            })
         })
     })
+}
+
+/// One AdamW step of the module in `slot` on `loss` (the optimiser consumes the module and gives
+/// back the updated one, so it lives in an `Option` between steps).
+fn optimise<B: AutodiffBackend, M: AutodiffModule<B>>(
+    slot: &mut Option<M>,
+    optimizer: &mut impl Optimizer<M, B>,
+    loss: impl FnOnce(&M) -> Tensor<B, 1>,
+) {
+    let module = slot.take().expect("the module is put back after each step");
+    let grads = GradientsParams::from_grads(loss(&module).backward(), &module);
+    *slot = Some(optimizer.step(1e-4, module, grads));
 }
 
 fn median(mut xs: Vec<f64>) -> f64 {

@@ -93,8 +93,7 @@ pub(crate) fn attention_weights<B: Backend>(
     let mask = match (mask, causal) {
         (mask, false) => mask,
         (mask, true) => {
-            let offset = s_k as i64 - s_q as i64;
-            let future = Tensor::<B, 2, Bool>::tril_mask([s_q, s_k], offset, &scores.device())
+            let future = future_mask::<B>(s_q, s_k, &scores.device())
                 .unsqueeze::<4>()
                 .expand([batch, heads, s_q, s_k]);
             Some(match mask {
@@ -122,8 +121,17 @@ pub(crate) fn attention_weights<B: Backend>(
 /// # Shapes
 /// - output: `[s_q, s_k]`
 fn causal_bias<B: Backend>(s_q: usize, s_k: usize, device: &B::Device) -> Tensor<B, 2> {
-    let future = Tensor::<B, 2, Bool>::tril_mask([s_q, s_k], s_k as i64 - s_q as i64, device);
-    Tensor::<B, 2>::zeros([s_q, s_k], device).mask_fill(future, f32::NEG_INFINITY)
+    Tensor::<B, 2>::zeros([s_q, s_k], device)
+        .mask_fill(future_mask(s_q, s_k, device), f32::NEG_INFINITY)
+}
+
+/// `true` where query `i` may not see key `j` (`j > i + s_k − s_q`): causality aligned at the
+/// bottom right, so that the last queries of a cached decode see every earlier key.
+///
+/// # Shapes
+/// - output: `[s_q, s_k]`
+fn future_mask<B: Backend>(s_q: usize, s_k: usize, device: &B::Device) -> Tensor<B, 2, Bool> {
+    Tensor::<B, 2, Bool>::tril_mask([s_q, s_k], s_k as i64 - s_q as i64, device)
 }
 
 /// One `[batch, heads, seq, seq]` mask (`true`: masked out) from a padding mask `[batch, seq]`
