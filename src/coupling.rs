@@ -129,8 +129,11 @@ impl<B: Backend> CouplingNet<B> {
             [batch, seq, heads, d_in]
         );
         if n == 1 {
-            // One product over all tokens of all heads: the cheap, shared case.
-            let x = x.reshape([batch * seq * heads, d]);
+            // One product over all tokens of all heads: the cheap, shared case. Rows stay grouped
+            // by batch: the weight gradient `xᵀ·grad` is then a batched product over `batch`
+            // (parallel on CPU backends) rather than one product with 64 × 64 outputs and a
+            // reduction over every token, which a CPU GEMM runs on one thread.
+            let x = x.reshape([batch, seq * heads, d]);
             let w1 = self.w1.val().reshape([d, h]);
             let w2 = self.w2.val().reshape([h, d]);
             let hidden = silu(linear(x, w1, Some(self.b1.val().reshape([h]))));

@@ -636,3 +636,15 @@ fn the_shards_gradients_sum_to_the_one_device_gradient() {
     );
     assert!((loss1 - loss2).abs() < 1e-5 && (loss1 - loss4).abs() < 1e-5);
 }
+
+#[test]
+fn the_programs_allocator_keeps_freed_memory_unless_told_otherwise() {
+    let held = vec![1u8; 1 << 20];
+    assert_eq!(held.len(), 1 << 20);
+    // mimalloc reads MIMALLOC_PURGE_DELAY itself at start-up; the allocator only sets -1 without it.
+    let expected = match std::env::var("MIMALLOC_PURGE_DELAY") {
+        Ok(value) => value.parse::<i64>().expect("MIMALLOC_PURGE_DELAY is an integer"),
+        Err(_) => -1,
+    };
+    assert_eq!(common::alloc::purge_delay(), expected);
+}

@@ -6,10 +6,17 @@
 //! every step page-faults its memory in again. A training step of one 60m-shape layer on Flex
 //! took 1.13–1.25 s with glibc's malloc and 0.74–0.93 s with mimalloc (docs/performance.md).
 //! Flex keeps no pool of its own, so the counter sees every tensor.
+//!
+//! The first allocation also tells mimalloc to keep freed memory rather than return it to the
+//! OS a second later (its purge delay, set to −1 unless `MIMALLOC_PURGE_DELAY` is in the
+//! environment): a training step frees and allocates the same few hundred MB every step, and
+//! returned memory comes back as page faults and page zeroing (18% of the samples of a 60m-layer
+//! Euler-3 step). A trainer holds its peak memory anyway. Measured in docs/performance.md.
 
 use mimalloc::MiMalloc;
 use std::alloc::{GlobalAlloc, Layout};
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::ffi::{c_char, c_int, c_long};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 
 static INNER: MiMalloc = MiMalloc;
 
@@ -20,6 +27,33 @@ pub static ALLOC: PeakAlloc = PeakAlloc::new();
 pub struct PeakAlloc {
     current: AtomicUsize,
     peak: AtomicUsize,
+    configured: AtomicBool,
+}
+
+/// mimalloc's `mi_option_purge_delay`: index 15 of `mi_option_t` in mimalloc 2 and 3 (the enum
+/// keeps its deprecated slots, so indices do not move); libmimalloc-sys names no constant for it.
+const MI_OPTION_PURGE_DELAY: c_int = 15;
+
+unsafe extern "C" {
+    fn mi_option_set(option: c_int, value: c_long);
+    fn mi_option_get(option: c_int) -> c_long;
+    fn getenv(name: *const c_char) -> *mut c_char;
+}
+
+/// mimalloc's purge delay in milliseconds (−1: freed memory is never returned to the OS).
+pub fn purge_delay() -> i64 {
+    // SAFETY: reads an integer option.
+    unsafe { mi_option_get(MI_OPTION_PURGE_DELAY) as i64 }
+}
+
+fn keep_freed_memory() {
+    // SAFETY: `getenv` reads the environment without allocating (this runs inside the allocator,
+    // at the first allocation, before `main` can start threads); `mi_option_set` stores an integer.
+    unsafe {
+        if getenv(c"MIMALLOC_PURGE_DELAY".as_ptr()).is_null() {
+            mi_option_set(MI_OPTION_PURGE_DELAY, -1);
+        }
+    }
 }
 
 impl PeakAlloc {
@@ -27,6 +61,7 @@ impl PeakAlloc {
         Self {
             current: AtomicUsize::new(0),
             peak: AtomicUsize::new(0),
+            configured: AtomicBool::new(false),
         }
     }
 
@@ -43,6 +78,11 @@ impl PeakAlloc {
     }
 
     fn grow(&self, bytes: usize) {
+        if !self.configured.load(Relaxed) {
+            // A race here sets the same option twice, which is harmless.
+            self.configured.store(true, Relaxed);
+            keep_freed_memory();
+        }
         let now = self.current.fetch_add(bytes, Relaxed) + bytes;
         self.peak.fetch_max(now, Relaxed);
     }
