@@ -159,7 +159,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let mut defaults = TrainConfig::new(GptConfig::preset(args.preset, 256));
     preset_defaults(args.preset, &mut defaults);
     let batch_size = args.batch_size.unwrap_or(defaults.batch_size);
-    if batch_size % usize::from(args.devices) != 0 {
+    if !batch_size.is_multiple_of(usize::from(args.devices)) {
         return Err(format!(
             "--devices {}: the batch size ({batch_size}) must be divisible by the number of devices; \
              set --batch-size to a multiple of {} (and --grad-accum to keep the tokens per step)",

@@ -120,6 +120,33 @@ impl<B: Backend> CouplingNet<B> {
     /// If the input's last dimension is not `d_head`, or the net is per head and the input's
     /// head count differs.
     pub fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
+        self.apply(x, self.w2.val(), self.b2.val())
+    }
+
+    /// `scale·f(x)`, with the scale folded into the output layer (`scale·W₂`, `scale·b₂`): a
+    /// product over the weights instead of one over every token. The coupled dynamics use it for
+    /// `dt·f(q)`.
+    ///
+    /// # Shapes
+    /// - input: `[batch, seq, heads, d_head]`; output: the same
+    /// - `scale`: `[1]` (one scale for all nets) or `[n_nets]` (one per net)
+    ///
+    /// # Panics
+    /// As [`forward`](Self::forward), or if `scale` has another length.
+    pub fn forward_scaled(&self, x: Tensor<B, 4>, scale: Tensor<B, 1>) -> Tensor<B, 4> {
+        let [s] = scale.dims();
+        let n = self.n_nets();
+        assert!(
+            s == 1 || s == n,
+            "CouplingNet::forward_scaled: the scale has {s} entries; expected 1 or n_nets = {n}"
+        );
+        let w2 = self.w2.val() * scale.clone().reshape([s, 1, 1]);
+        let b2 = self.b2.val() * scale.reshape([s, 1]);
+        self.apply(x, w2, b2)
+    }
+
+    /// `f` with the given output layer.
+    fn apply(&self, x: Tensor<B, 4>, w2: Tensor<B, 3>, b2: Tensor<B, 2>) -> Tensor<B, 4> {
         let [n, d, h] = self.w1.dims();
         let [batch, seq, heads, d_in] = x.dims();
         assert_eq!(
@@ -135,9 +162,9 @@ impl<B: Backend> CouplingNet<B> {
             // reduction over every token, which a CPU GEMM runs on one thread.
             let x = x.reshape([batch, seq * heads, d]);
             let w1 = self.w1.val().reshape([d, h]);
-            let w2 = self.w2.val().reshape([h, d]);
             let hidden = silu(linear(x, w1, Some(self.b1.val().reshape([h]))));
-            linear(hidden, w2, Some(self.b2.val().reshape([d]))).reshape([batch, seq, heads, d])
+            linear(hidden, w2.reshape([h, d]), Some(b2.reshape([d])))
+                .reshape([batch, seq, heads, d])
         } else {
             assert_eq!(
                 heads,
@@ -147,9 +174,9 @@ impl<B: Backend> CouplingNet<B> {
             );
             let x = x.swap_dims(1, 2); // [batch, heads, seq, d]
             let w1 = self.w1.val().unsqueeze::<4>(); // [1, heads, d, h]
-            let w2 = self.w2.val().unsqueeze::<4>(); // [1, heads, h, d]
+            let w2 = w2.unsqueeze::<4>(); // [1, heads, h, d]
             let b1 = self.b1.val().reshape([1, n, 1, h]);
-            let b2 = self.b2.val().reshape([1, n, 1, d]);
+            let b2 = b2.reshape([1, n, 1, d]);
             let hidden = silu(x.matmul(w1) + b1);
             (hidden.matmul(w2) + b2).swap_dims(1, 2)
         }
@@ -193,6 +220,39 @@ mod tests {
                 .into_data()
                 .assert_approx_eq::<f32>(&expected.into_data(), Tolerance::default());
         }
+    }
+
+    #[test]
+    fn forward_scaled_is_the_scale_times_forward() {
+        let device = Default::default();
+        let x = Tensor::<TestBackend, 4>::random([2, 5, 3, 4], Distribution::Default, &device);
+        for n_nets in [1, 3] {
+            let net = CouplingNetConfig::new(4)
+                .with_n_nets(n_nets)
+                .init::<TestBackend>(&device);
+            // One scale for every net, then (with per-head nets) one per net.
+            let mut scales = vec![vec![0.37]];
+            if n_nets == 3 {
+                scales.push(vec![0.5, -2.0, 0.1]);
+            }
+            for scale in scales {
+                let n = scale.len();
+                let scale = Tensor::<TestBackend, 1>::from_floats(scale.as_slice(), &device);
+                let expected = net.forward(x.clone()) * scale.clone().reshape([1, 1, n, 1]);
+                net.forward_scaled(x.clone(), scale)
+                    .into_data()
+                    .assert_approx_eq::<f32>(&expected.into_data(), Tolerance::default());
+            }
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "expected 1 or n_nets = 1")]
+    fn a_scale_per_head_for_a_shared_net_panics() {
+        let device = Default::default();
+        let net = CouplingNetConfig::new(4).init::<TestBackend>(&device);
+        let x = Tensor::<TestBackend, 4>::zeros([1, 2, 3, 4], &device);
+        net.forward_scaled(x, Tensor::from_floats([0.1, 0.2, 0.3], &device));
     }
 
     #[test]

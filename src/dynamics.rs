@@ -3,7 +3,7 @@
 
 use crate::coupling::{CouplingNet, CouplingNetConfig};
 use crate::error::ConfigError;
-use crate::integrator::{Integrator, IntegratorKind, integrate};
+use crate::integrator::{Integrator, IntegratorKind, TensorPhaseSpace, integrate};
 use crate::step_size::{StepSize, StepSizeConfig};
 use burn::module::Module;
 use burn::tensor::{Tensor, backend::Backend};
@@ -216,8 +216,18 @@ impl<B: Backend> QkDynamics<B> {
             Scheme::Coupled { integrator, steps } => {
                 let f = self.coupling.as_ref().expect("coupled has a coupling net");
                 let dt = self.step_size.as_ref().expect("coupled has a step size");
-                let force = |q: Tensor<B, 4>| f.forward(q);
-                let out = integrate(integrator.as_ref(), q, k, dt.broadcast(), &force, *steps);
+                let [n_dt] = dt.dt.dims();
+                let out = if n_dt == 1 || n_dt == f.n_nets() {
+                    // dt folds into the net's output layer: one step size for all heads, or
+                    // one per head with one net per head.
+                    let force_dt = |q: Tensor<B, 4>| f.forward_scaled(q, dt.dt.val());
+                    TensorPhaseSpace::with_force_times_dt(q, k, dt.broadcast(), &force_dt)
+                        .advance(integrator.as_ref(), *steps)
+                } else {
+                    // A step size per head for a net shared by the heads.
+                    let force = |q: Tensor<B, 4>| f.forward(q);
+                    integrate(integrator.as_ref(), q, k, dt.broadcast(), &force, *steps)
+                };
                 (out.q, out.k)
             }
         }
@@ -280,6 +290,62 @@ mod tests {
         assert_eq!(parsed, DynamicsConfig::euler(1));
         let parsed: DynamicsConfig = serde_json::from_str(r#"{"kind":"mlp-only"}"#).unwrap();
         assert_eq!(parsed, DynamicsConfig::MlpOnly);
+    }
+
+    #[test]
+    fn the_coupled_path_equals_integrating_dt_times_f_by_hand() {
+        // The layer folds dt into the coupling net where it can (one dt; or one per head with
+        // a net per head) and multiplies by it where it cannot (one dt per head, one shared
+        // net). Every case must give the dynamics of `integrate` with `f`, and the same dt
+        // gradient.
+        type Ad = burn::backend::Autodiff<TestBackend>;
+        let device = Default::default();
+        let cases = [
+            (false, 1, DynamicsConfig::euler(2)),
+            (false, 3, DynamicsConfig::leapfrog(2)),
+            (true, 3, DynamicsConfig::leapfrog(2)),
+            (true, 1, DynamicsConfig::euler(1)),
+        ];
+        for (per_head_dt, n_nets, config) in cases {
+            let dynamics = QkDynamics::<Ad>::try_init(
+                &config,
+                &CouplingNetConfig::new(4).with_n_nets(n_nets),
+                &StepSizeConfig::new()
+                    .with_per_head(per_head_dt)
+                    .with_init(0.3),
+                3,
+                &device,
+            )
+            .unwrap();
+            let q = Tensor::<Ad, 4>::random([2, 5, 3, 4], Distribution::Default, &device);
+            let k = Tensor::<Ad, 4>::random([2, 5, 3, 4], Distribution::Default, &device);
+            let (q1, k1) = dynamics.forward(q.clone(), k.clone());
+
+            let Scheme::Coupled { integrator, steps } = &dynamics.scheme else {
+                panic!("{config:?} is coupled")
+            };
+            let f = dynamics.coupling.as_ref().unwrap();
+            let dt = dynamics.step_size.as_ref().unwrap();
+            let force = |q: Tensor<Ad, 4>| f.forward(q);
+            let by_hand = integrate(integrator.as_ref(), q, k, dt.broadcast(), &force, *steps);
+            let what = format!("per_head_dt {per_head_dt}, n_nets {n_nets}, {config:?}");
+            for (got, expected) in [(&q1, &by_hand.q), (&k1, &by_hand.k)] {
+                got.clone().inner().into_data().assert_approx_eq::<f32>(
+                    &expected.clone().inner().into_data(),
+                    Tolerance::rel_abs(1e-5, 1e-6),
+                );
+            }
+            let grad = |out: Tensor<Ad, 4>| {
+                let grads = out.sum().backward();
+                dt.dt.grad(&grads).expect("dt is learned").into_data()
+            };
+            let (folded, unfolded) = (grad(q1 + k1), grad(by_hand.q + by_hand.k));
+            assert!(
+                folded.iter::<f32>().all(|g| g != 0.0),
+                "{what}: dt gets a gradient"
+            );
+            folded.assert_approx_eq::<f32>(&unfolded, Tolerance::rel_abs(1e-4, 1e-5));
+        }
     }
 
     #[test]

@@ -513,14 +513,8 @@ fn two_devices_train_like_one_on_the_same_batch() {
     // Flex is one device: passing it twice still runs two shards of 4 rows, each in its own
     // thread with its own fork of the model, and sums their gradients on the main device.
     let two = out_dir("devices-two");
-    let summary = train_on_devices::<B>(
-        &config,
-        &corpus,
-        &two,
-        &quiet(),
-        &[device.clone(), device.clone()],
-    )
-    .unwrap();
+    let summary =
+        train_on_devices::<B>(&config, &corpus, &two, &quiet(), &[device, device]).unwrap();
     assert!(summary.finished);
 
     let a = read_metrics(&one.join("metrics.csv")).unwrap();
@@ -557,7 +551,7 @@ fn two_devices_train_like_one_on_the_same_batch() {
     let uneven = out_dir("devices-uneven");
     let mut odd = config.clone();
     odd.batch_size = 6;
-    let devices = vec![device.clone(); 4];
+    let devices = vec![device; 4];
     match train_on_devices::<B>(&odd, &corpus, &uneven, &quiet(), &devices) {
         Err(error @ TrainError::Config { .. }) => {
             let message = error.to_string();
@@ -610,8 +604,8 @@ fn the_shards_gradients_sum_to_the_one_device_gradient() {
         (loss, flat.values, flat.tensors)
     };
     let (loss1, one, tensors1) = flatten(std::slice::from_ref(&device));
-    let (loss2, two, tensors2) = flatten(&[device.clone(), device.clone()]);
-    let (loss4, four, tensors4) = flatten(&vec![device.clone(); 4]);
+    let (loss2, two, tensors2) = flatten(&[device, device]);
+    let (loss4, four, tensors4) = flatten(&[device; 4]);
     assert_eq!((tensors2, tensors4), (tensors1, tensors1));
     assert_eq!((two.len(), four.len()), (one.len(), one.len()));
     let largest = one.iter().fold(0.0f32, |m, g| m.max(g.abs()));
@@ -643,7 +637,9 @@ fn the_programs_allocator_keeps_freed_memory_unless_told_otherwise() {
     assert_eq!(held.len(), 1 << 20);
     // mimalloc reads MIMALLOC_PURGE_DELAY itself at start-up; the allocator only sets -1 without it.
     let expected = match std::env::var("MIMALLOC_PURGE_DELAY") {
-        Ok(value) => value.parse::<i64>().expect("MIMALLOC_PURGE_DELAY is an integer"),
+        Ok(value) => value
+            .parse::<i64>()
+            .expect("MIMALLOC_PURGE_DELAY is an integer"),
         Err(_) => -1,
     };
     assert_eq!(common::alloc::purge_delay(), expected);

@@ -11,7 +11,10 @@ pub struct TensorPhaseSpace<'a, B: Backend> {
     k: Tensor<B, 4>,
     dt: Tensor<B, 4>,
     f: &'a dyn Fn(Tensor<B, 4>) -> Tensor<B, 4>,
-    /// `f(q)` for the current `q`, until the next drift.
+    /// Whether `f` returns `dt·f(q)` (the step size folded into the force, see
+    /// [`with_force_times_dt`](Self::with_force_times_dt)), so that a kick adds `c·F`.
+    force_times_dt: bool,
+    /// The force for the current `q`, until the next drift.
     memo: Option<Tensor<B, 4>>,
     evaluations: usize,
 }
@@ -29,9 +32,34 @@ impl<'a, B: Backend> TensorPhaseSpace<'a, B> {
             k,
             dt,
             f,
+            force_times_dt: false,
             memo: None,
             evaluations: 0,
         }
+    }
+
+    /// A phase space whose force function `f_dt` returns `dt·f(q)` rather than `f(q)`: the same
+    /// dynamics, but a kick adds `c·f_dt(q)`. The attention layer uses it to fold `dt` into the
+    /// coupling net's output layer (a `[d_hidden, d_head]` product instead of one over every
+    /// token), which also spares autodiff from keeping `f(q)` for `dt`'s gradient.
+    pub fn with_force_times_dt(
+        q: Tensor<B, 4>,
+        k: Tensor<B, 4>,
+        dt: Tensor<B, 4>,
+        f_dt: &'a dyn Fn(Tensor<B, 4>) -> Tensor<B, 4>,
+    ) -> Self {
+        Self {
+            force_times_dt: true,
+            ..Self::new(q, k, dt, f_dt)
+        }
+    }
+
+    /// Takes `steps` steps of `integrator` and returns the final state.
+    pub fn advance(mut self, integrator: &dyn Integrator, steps: usize) -> Integration<B> {
+        for _ in 0..steps {
+            integrator.step(&mut self);
+        }
+        self.finish()
     }
 
     /// The current state and the number of force evaluations so far.
@@ -70,7 +98,12 @@ impl<B: Backend> PhaseSpace for TensorPhaseSpace<'_, B> {
         let force = force.0.downcast::<Tensor<B, 4>>().unwrap_or_else(|_| {
             panic!("PhaseSpace::kick: the force was evaluated by a phase space of another backend")
         });
-        self.k = self.k.clone() + *force * self.scaled_dt(c);
+        let step = match (self.force_times_dt, c == 1.0) {
+            (true, true) => *force,
+            (true, false) => force.mul_scalar(c),
+            (false, _) => *force * self.scaled_dt(c),
+        };
+        self.k = self.k.clone() + step;
     }
 
     fn drift(&mut self, c: f64) {
@@ -104,11 +137,7 @@ pub fn integrate<B: Backend>(
     f: &dyn Fn(Tensor<B, 4>) -> Tensor<B, 4>,
     steps: usize,
 ) -> Integration<B> {
-    let mut space = TensorPhaseSpace::new(q, k, dt, f);
-    for _ in 0..steps {
-        integrator.step(&mut space);
-    }
-    space.finish()
+    TensorPhaseSpace::new(q, k, dt, f).advance(integrator, steps)
 }
 
 #[cfg(test)]

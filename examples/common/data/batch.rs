@@ -109,9 +109,9 @@ fn check_window(
     seq_len: usize,
 ) -> Result<(), DataError> {
     if seq_len == 0 {
-        return Err(DataError::Invalid(format!(
-            "a window needs seq_len ≥ 1 (got 0)"
-        )));
+        return Err(DataError::Invalid(
+            "a window needs seq_len ≥ 1 (got 0)".to_string(),
+        ));
     }
     if stream.len() < seq_len + 1 {
         return Err(DataError::TooShort {

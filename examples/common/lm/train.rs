@@ -146,7 +146,7 @@ pub fn train_on_devices<B: AutodiffBackend>(
             message: "at least one device is needed".into(),
         });
     };
-    if config.batch_size % devices.len() != 0 {
+    if !config.batch_size.is_multiple_of(devices.len()) {
         return Err(TrainError::Config {
             field: "batch_size".into(),
             value: config.batch_size.to_string(),

@@ -114,7 +114,7 @@ pub fn run_cell<B: AutodiffBackend>(
     let missing = |what: &str| TrainError::Corrupt {
         path: dir.join("summary.json"),
         message: format!("has no {what}"),
-        hint: "delete the run folder to train it again".into(),
+        hint: "delete the run folder to train it again",
     };
     Ok(CellResult {
         corpus: corpus.name.clone(),

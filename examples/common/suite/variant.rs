@@ -19,7 +19,9 @@ impl FromStr for Variant {
     fn from_str(s: &str) -> Result<Self, String> {
         let base = s.trim_end_matches(|c: char| c.is_ascii_digit());
         let steps: Option<usize> = s[base.len()..].parse().ok();
-        let variant: AttentionVariant = base.parse().map_err(|e| format!("{e}"))?;
+        let variant = base
+            .parse::<AttentionVariant>()
+            .map_err(|e| e.to_string())?;
         Ok(match variant {
             AttentionVariant::Dynamics(DynamicsConfig::Coupled {
                 integrator,
