@@ -44,7 +44,7 @@ use std::time::Instant;
 #[derive(Parser, Debug)]
 #[command(about = "Training-step throughput, peak memory and ratios of the attention variants")]
 struct Args {
-    /// auto, flex, wgpu or cuda.
+    /// auto, flex, ndarray, wgpu or cuda.
     #[arg(long, default_value = "auto")]
     backend: BackendChoice,
     /// Timed steps per variant (the median is reported).

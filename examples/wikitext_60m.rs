@@ -91,7 +91,7 @@ struct Args {
     /// Stop after this step as if interrupted (the schedule still spans all steps); --resume continues.
     #[arg(long)]
     stop_at: Option<usize>,
-    /// auto (CUDA, then WGPU, then Flex), flex, wgpu or cuda.
+    /// auto (CUDA, then WGPU, then Flex), flex, ndarray, wgpu or cuda.
     #[arg(long, default_value = "auto")]
     backend: BackendChoice,
     /// Train data-parallel on this many GPUs of the backend (CUDA devices 0..N, or WGPU's discrete

@@ -1,5 +1,6 @@
-//! Which backend an example trains on: `--backend flex|wgpu|cuda|auto`. GPU backends exist only
-//! when the crate is built with their feature (`--features cuda` or `--features wgpu`).
+//! Which backend an example trains on: `--backend flex|ndarray|wgpu|cuda|auto`. Flex is always
+//! compiled in; the others exist only when the crate is built with their feature
+//! (`--features ndarray`, `--features wgpu`, `--features cuda`).
 //! [`dispatch`] runs a task on one device; [`dispatch_devices`] on several GPUs of one backend
 //! (`--devices N` of `wikitext_60m`: data-parallel training).
 
@@ -12,8 +13,10 @@ pub enum BackendChoice {
     /// The best compiled and working one: CUDA, then WGPU when its adapter is a GPU (not a CPU
     /// driver such as llvmpipe), then Flex.
     Auto,
-    /// Flex, the fastest CPU backend.
+    /// Flex, the fastest CPU backend (docs/performance.md compares it with NdArray).
     Flex,
+    /// NdArray, Burn's other CPU backend: needs `--features ndarray`.
+    NdArray,
     /// WGPU (Vulkan, Metal, DX12): needs `--features wgpu`.
     Wgpu,
     /// CUDA: needs `--features cuda` and an NVIDIA GPU.
@@ -26,10 +29,11 @@ impl FromStr for BackendChoice {
         match s {
             "auto" => Ok(Self::Auto),
             "flex" | "cpu" => Ok(Self::Flex),
+            "ndarray" => Ok(Self::NdArray),
             "wgpu" => Ok(Self::Wgpu),
             "cuda" => Ok(Self::Cuda),
             other => Err(format!(
-                "unknown backend `{other}`: expected auto, flex, wgpu or cuda"
+                "unknown backend `{other}`: expected auto, flex, ndarray, wgpu or cuda"
             )),
         }
     }
@@ -114,6 +118,7 @@ pub fn dispatch_devices<T: MultiDeviceTask>(
     match chosen {
         BackendChoice::Cuda => run_cuda(task, count),
         BackendChoice::Wgpu => run_wgpu(task, count),
+        BackendChoice::NdArray => run_ndarray(task, count),
         _ => {
             if count > 1 {
                 return Err(format!(
@@ -134,6 +139,32 @@ pub fn dispatch_devices<T: MultiDeviceTask>(
             ))
         }
     }
+}
+
+#[cfg(feature = "ndarray")]
+fn run_ndarray<T: MultiDeviceTask>(task: T, count: usize) -> Result<T::Output, String> {
+    if count > 1 {
+        return Err(format!(
+            "--devices {count}: the NdArray (CPU) backend is one device; use --devices 1"
+        ));
+    }
+    eprintln!(
+        "backend: NdArray (CPU, {} threads)",
+        rayon::current_num_threads()
+    );
+    Ok(task.run::<burn::backend::Autodiff<burn::backend::NdArray>>(
+        vec![Default::default()],
+        "ndarray",
+        false,
+    ))
+}
+
+#[cfg(not(feature = "ndarray"))]
+fn run_ndarray<T: MultiDeviceTask>(_task: T, _count: usize) -> Result<T::Output, String> {
+    Err(
+        "this build has no NdArray backend: rebuild with `--features ndarray`, or use --backend flex"
+            .into(),
+    )
 }
 
 #[cfg(feature = "cuda")]

@@ -45,7 +45,7 @@ pub struct Budget {
     /// Validation windows per evaluation (default 64; 0 = all).
     #[arg(long, default_value_t = 64)]
     pub eval_windows: usize,
-    /// auto, flex, wgpu or cuda.
+    /// auto, flex, ndarray, wgpu or cuda.
     #[arg(long, default_value = "auto")]
     pub backend: BackendChoice,
     /// Token cache folder (default: $COUPLED_QK_CACHE or ~/.cache/coupled-qk).
