@@ -387,6 +387,20 @@ fn every_bad_input_gets_an_error_that_names_it() {
     assert!(eval_batches(&short, 10, 4, None).is_err());
     assert!(TrainWindows::new(&short, 9, 0).is_ok());
 
+    // A corpus whose validation split is the short one: the error names it all.
+    let corpus = TokenizedCorpus {
+        name: "tiny-notes".into(),
+        tokenizer: "bytes".into(),
+        vocab_size: 256,
+        train: byte_stream(&"x".repeat(100)),
+        valid: short.clone(),
+    };
+    assert!(corpus.check_context(9).is_ok());
+    let e = msg(corpus.check_context(20).unwrap_err());
+    for part in ["validation split", "tiny-notes", "bytes", "10 tokens", "21"] {
+        assert!(e.contains(part), "`{part}` missing from: {e}");
+    }
+
     assert!(msg("gpt3".parse::<TokenizerKind>().unwrap_err()).contains("gpt2"));
 }
 

@@ -59,7 +59,7 @@ impl<'a> TrainWindows<'a> {
     /// # Errors
     /// If the stream is shorter than one window.
     pub fn new(stream: &'a TokenStream, seq_len: usize, seed: u64) -> Result<Self, DataError> {
-        check_window("training", stream, seq_len)?;
+        check_window("the training split", stream, seq_len)?;
         Ok(TrainWindows {
             stream,
             seq_len,
@@ -92,7 +92,7 @@ pub fn eval_batches(
     rows: usize,
     max_windows: Option<usize>,
 ) -> Result<Vec<TokenBatch>, DataError> {
-    check_window("validation", stream, seq_len)?;
+    check_window("the validation split", stream, seq_len)?;
     let fit = (stream.len() - 1) / seq_len;
     let windows = max_windows.map_or(fit, |m| m.min(fit));
     // Window w of `windows` is the (w·fit/windows)-th of the `fit` non-overlapping ones.
@@ -103,8 +103,9 @@ pub fn eval_batches(
         .collect())
 }
 
-fn check_window(
-    split: &'static str,
+/// Checks that `stream` (described by `what`) holds one window of `seq_len` inputs and targets.
+pub(crate) fn check_window(
+    what: &str,
     stream: &TokenStream,
     seq_len: usize,
 ) -> Result<(), DataError> {
@@ -115,7 +116,7 @@ fn check_window(
     }
     if stream.len() < seq_len + 1 {
         return Err(DataError::TooShort {
-            split,
+            what: what.to_string(),
             tokens: stream.len(),
             needed: seq_len + 1,
         });

@@ -67,11 +67,11 @@ pub enum DataError {
     },
     /// A split shorter than one window.
     #[error(
-        "the {split} split has {tokens} tokens, fewer than one window of {needed} (seq_len + 1); use a larger corpus or a shorter context"
+        "{what} has {tokens} tokens, fewer than one window of {needed} (seq_len + 1); use a larger corpus or a shorter context"
     )]
     TooShort {
-        /// Which split.
-        split: &'static str,
+        /// Which split (and, where known, of which corpus and tokenizer).
+        what: String,
         /// Its token count.
         tokens: usize,
         /// Tokens one window needs.

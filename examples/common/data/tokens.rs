@@ -1,5 +1,7 @@
 //! Token ids held compactly in memory, and a corpus as tokenised train and validation streams.
 
+use super::DataError;
+
 /// Token ids, stored in 16 bits when the vocabulary fits (GPT-2's 50257 and bytes do).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TokenIds {
@@ -114,6 +116,21 @@ pub struct TokenizedCorpus {
     pub train: TokenStream,
     /// The validation stream.
     pub valid: TokenStream,
+}
+
+impl TokenizedCorpus {
+    /// Checks that both splits hold one window of `seq_len` inputs and targets; the error names
+    /// the corpus, the tokenizer and the split.
+    pub fn check_context(&self, seq_len: usize) -> Result<(), DataError> {
+        for (split, stream) in [("training", &self.train), ("validation", &self.valid)] {
+            let what = format!(
+                "the {split} split of corpus `{}` ({} tokens)",
+                self.name, self.tokenizer
+            );
+            super::batch::check_window(&what, stream, seq_len)?;
+        }
+        Ok(())
+    }
 }
 
 /// Bits per byte from a total loss in nats over text of `bytes` UTF-8 bytes.
