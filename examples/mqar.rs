@@ -130,12 +130,10 @@ fn main() {
             std::process::exit(1);
         }
     };
+    let flags: String = std::env::args().skip(1).map(|a| format!(" {a}")).collect();
     let header = format!(
-        "## MQAR sweep\n\nProduced by `cargo run --release --example mqar{}` on {}.",
-        std::env::args()
-            .skip(1)
-            .map(|a| format!(" {a}"))
-            .collect::<String>(),
+        "## MQAR sweep\n\nProduced by `cargo run --release --example mqar{}{flags}` on {}.",
+        if flags.is_empty() { "" } else { " --" },
         std::env::consts::ARCH
     );
     let md = out.join("results.md");
