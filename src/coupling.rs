@@ -34,8 +34,9 @@ pub struct CouplingNetConfig {
 /// ```
 ///
 /// applied to every token of every head. With one net (the default) its weights are shared by
-/// all heads of a layer and it runs as one matrix product over `[batch·seq·heads, d_head]`; with
-/// one net per head, as a batched product over heads.
+/// all heads of a layer and it runs as one product over `[batch, seq·heads, d_head]` (batched over
+/// `batch`, so that CPU backends can parallelise its weight gradient); with one net per head, as
+/// a batched product over heads.
 ///
 /// # Params
 /// - `w1`: `[n_nets, d_head, d_hidden]`, `b1`: `[n_nets, d_hidden]`

@@ -200,12 +200,30 @@ impl<B: Backend> QkDynamics<B> {
         self
     }
 
+    /// Whether the coupled dynamics fold `dt` into the coupling net's output layer
+    /// ([`CouplingNet::forward_scaled`]) rather than multiplying every token's force by it: when
+    /// there is one step size, or one per head with one net per head. `false` for the other
+    /// schemes.
+    pub fn folds_dt(&self) -> bool {
+        match (&self.coupling, &self.step_size) {
+            (Some(f), Some(dt)) => {
+                let [n_dt] = dt.dt.dims();
+                n_dt == 1 || n_dt == f.n_nets()
+            }
+            _ => false,
+        }
+    }
+
     /// Transforms `q` and `k`.
     ///
     /// # Shapes
     /// - `q`, `k`: `[batch, seq, heads, d_head]`, and the same on output. Token-major, the layout
     ///   the projections produce: the dynamics' elementwise work then runs on contiguous memory
     ///   (on Flex, strided elementwise ops are ~30× slower).
+    ///
+    /// # Panics
+    /// If `heads` is not the number of heads the dynamics were built for (a per-head step size
+    /// or per-head coupling nets), or `d_head` not the coupling net's.
     pub fn forward(&self, q: Tensor<B, 4>, k: Tensor<B, 4>) -> (Tensor<B, 4>, Tensor<B, 4>) {
         match &self.scheme {
             Scheme::Standard => (q, k),
@@ -217,7 +235,14 @@ impl<B: Backend> QkDynamics<B> {
                 let f = self.coupling.as_ref().expect("coupled has a coupling net");
                 let dt = self.step_size.as_ref().expect("coupled has a step size");
                 let [n_dt] = dt.dt.dims();
-                let out = if n_dt == 1 || n_dt == f.n_nets() {
+                let heads = q.dims()[2];
+                assert!(
+                    n_dt == 1 || n_dt == heads,
+                    "QkDynamics: a step size per head for {n_dt} heads, but q and k have {heads} \
+                     heads ([batch, seq, heads, d_head] = {:?})",
+                    q.dims()
+                );
+                let out = if self.folds_dt() {
                     // dt folds into the net's output layer: one step size for all heads, or
                     // one per head with one net per head.
                     let force_dt = |q: Tensor<B, 4>| f.forward_scaled(q, dt.dt.val());
@@ -317,6 +342,19 @@ mod tests {
                 &device,
             )
             .unwrap();
+            // Distinct step sizes per head, so that a head mixed up in the fold shows.
+            let mut dynamics = dynamics;
+            if per_head_dt {
+                let values = Tensor::<Ad, 1>::from_floats([0.3, -0.7, 1.1], &device);
+                dynamics.step_size = Some(StepSize {
+                    dt: burn::module::Param::from_tensor(values),
+                });
+            }
+            assert_eq!(
+                dynamics.folds_dt(),
+                !per_head_dt || n_nets == 3,
+                "per_head_dt {per_head_dt}, n_nets {n_nets}"
+            );
             let q = Tensor::<Ad, 4>::random([2, 5, 3, 4], Distribution::Default, &device);
             let k = Tensor::<Ad, 4>::random([2, 5, 3, 4], Distribution::Default, &device);
             let (q1, k1) = dynamics.forward(q.clone(), k.clone());

@@ -437,6 +437,19 @@ fn configs_are_checked_before_anything_runs() {
         "{error}"
     );
 
+    // A validation split shorter than one window: refused before any folder is made, naming
+    // the corpus and the split.
+    let mut short = corpus.clone();
+    short.valid.ids = TokenIds::from_u32(vec![65; 40], 256);
+    let dir = out_dir("short-validation");
+    let error = train_with::<B>(&tiny(10), &short, &dir, &quiet(), &Default::default())
+        .unwrap_err()
+        .to_string();
+    for part in ["validation split", "test-english", "40 tokens", "65"] {
+        assert!(error.contains(part), "`{part}` missing from: {error}");
+    }
+    assert!(!dir.exists(), "no run folder for a refused run");
+
     for edit in [
         |c: &mut TrainConfig| c.batch_size = 0,
         |c: &mut TrainConfig| c.min_lr_ratio = 2.0,
@@ -633,14 +646,23 @@ fn the_shards_gradients_sum_to_the_one_device_gradient() {
 
 #[test]
 fn the_programs_allocator_keeps_freed_memory_unless_told_otherwise() {
-    let held = vec![1u8; 1 << 20];
-    assert_eq!(held.len(), 1 << 20);
-    // mimalloc reads MIMALLOC_PURGE_DELAY itself at start-up; the allocator only sets -1 without it.
-    let expected = match std::env::var("MIMALLOC_PURGE_DELAY") {
-        Ok(value) => value
-            .parse::<i64>()
-            .expect("MIMALLOC_PURGE_DELAY is an integer"),
-        Err(_) => -1,
-    };
-    assert_eq!(common::alloc::purge_delay(), expected);
+    const NAME: &str = "the_programs_allocator_keeps_freed_memory_unless_told_otherwise";
+    match std::env::var("MIMALLOC_PURGE_DELAY") {
+        // mimalloc took the value from the environment, into the option slot that
+        // `purge_delay` reads: this also checks that the slot is the purge delay.
+        Ok(value) => assert_eq!(common::alloc::purge_delay(), value.parse::<i64>().unwrap()),
+        Err(_) => {
+            assert_eq!(common::alloc::purge_delay(), -1);
+            let child = std::process::Command::new(std::env::current_exe().unwrap())
+                .args([NAME, "--exact", "--quiet"])
+                .env("MIMALLOC_PURGE_DELAY", "1234")
+                .output()
+                .unwrap();
+            let stdout = String::from_utf8_lossy(&child.stdout);
+            assert!(
+                child.status.success() && stdout.contains("1 passed"),
+                "with MIMALLOC_PURGE_DELAY=1234: {stdout}"
+            );
+        }
+    }
 }

@@ -8,14 +8,14 @@
 //! Flex keeps no pool of its own, so the counter sees every tensor.
 //!
 //! The first allocation also tells mimalloc to keep freed memory rather than return it to the
-//! OS a second later (its purge delay, set to −1 unless `MIMALLOC_PURGE_DELAY` is in the
-//! environment): a training step frees and allocates the same few hundred MB every step, and
+//! OS a second later (its purge delay, set to −1 unless the environment sets it, as
+//! `MIMALLOC_PURGE_DELAY` or in any spelling mimalloc reads): a training step frees and allocates the same few hundred MB every step, and
 //! returned memory comes back as page faults and page zeroing (18% of the samples of a 60m-layer
 //! Euler-3 step). A trainer holds its peak memory anyway. Measured in docs/performance.md.
 
 use mimalloc::MiMalloc;
 use std::alloc::{GlobalAlloc, Layout};
-use std::ffi::{c_char, c_int, c_long};
+use std::ffi::{c_int, c_long};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 
 static INNER: MiMalloc = MiMalloc;
@@ -35,9 +35,8 @@ pub struct PeakAlloc {
 const MI_OPTION_PURGE_DELAY: c_int = 15;
 
 unsafe extern "C" {
-    fn mi_option_set(option: c_int, value: c_long);
+    fn mi_option_set_default(option: c_int, value: c_long);
     fn mi_option_get(option: c_int) -> c_long;
-    fn getenv(name: *const c_char) -> *mut c_char;
 }
 
 /// mimalloc's purge delay in milliseconds (−1: freed memory is never returned to the OS).
@@ -47,13 +46,9 @@ pub fn purge_delay() -> i64 {
 }
 
 fn keep_freed_memory() {
-    // SAFETY: `getenv` reads the environment without allocating (this runs inside the allocator,
-    // at the first allocation, before `main` can start threads); `mi_option_set` stores an integer.
-    unsafe {
-        if getenv(c"MIMALLOC_PURGE_DELAY".as_ptr()).is_null() {
-            mi_option_set(MI_OPTION_PURGE_DELAY, -1);
-        }
-    }
+    // SAFETY: stores an integer, and only if mimalloc did not take the option from the
+    // environment at start-up; it never calls back into this allocator.
+    unsafe { mi_option_set_default(MI_OPTION_PURGE_DELAY, -1) }
 }
 
 impl PeakAlloc {
@@ -78,9 +73,7 @@ impl PeakAlloc {
     }
 
     fn grow(&self, bytes: usize) {
-        if !self.configured.load(Relaxed) {
-            // A race here sets the same option twice, which is harmless.
-            self.configured.store(true, Relaxed);
+        if !self.configured.load(Relaxed) && !self.configured.swap(true, Relaxed) {
             keep_freed_memory();
         }
         let now = self.current.fetch_add(bytes, Relaxed) + bytes;

@@ -9,8 +9,8 @@
 //!
 //! with `f` the [`CouplingNet`](crate::CouplingNet). An [`Integrator`] advances that system by
 //! one step of size `dt`, written in terms of two backend-independent moves on a [`PhaseSpace`]:
-//! a *drift* (`q ← q + c·dt·k`) and a *kick* (`k ← k + c·dt·F`, with `F` a force evaluated by
-//! [`PhaseSpace::force`]). Because the trait never sees a tensor, one implementation serves every
+//! a *drift* (`q ← q + c·dt·k`) and a *kick* (`k ← k + c·dt·f(q_F)`, with `F` a force taken by
+//! [`PhaseSpace::force`] at the query `q_F`). Because the trait never sees a tensor, one implementation serves every
 //! Burn backend, and a new integrator is one file implementing [`Integrator::step`]: the attention
 //! code does not change (see [`CoupledQkAttention::with_integrator`](crate::CoupledQkAttention::with_integrator)).
 //!
@@ -48,11 +48,12 @@ impl Debug for Force {
 /// Implemented by [`TensorPhaseSpace`] for every backend; object-safe so that integrators need
 /// not be generic over the backend.
 pub trait PhaseSpace {
-    /// Evaluates `f(q)` at the current query. Memoised: a second call before the next
+    /// The force `f(q)` at the current query, opaque to the integrator (a phase space may hold it
+    /// with `dt` already applied). Memoised: a second call before the next
     /// [`drift`](PhaseSpace::drift) returns the same force without evaluating `f` again.
     fn force(&mut self) -> Force;
 
-    /// `k ← k + c·dt·force`.
+    /// `k ← k + c·dt·f(q_F)`, where `force` was taken at the query `q_F`.
     ///
     /// # Panics
     /// If `force` came from a phase space of another backend.

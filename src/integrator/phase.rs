@@ -42,6 +42,14 @@ impl<'a, B: Backend> TensorPhaseSpace<'a, B> {
     /// dynamics, but a kick adds `c·f_dt(q)`. The attention layer uses it to fold `dt` into the
     /// coupling net's output layer (a `[d_hidden, d_head]` product instead of one over every
     /// token), which also spares autodiff from keeping `f(q)` for `dt`'s gradient.
+    ///
+    /// `f_dt` must apply the same `dt` that is passed here (drifts use this one): nothing can
+    /// check that.
+    ///
+    /// # Shapes
+    /// - `q`, `k`: the same rank-4 shape, e.g. `[batch, seq, heads, d_head]`
+    /// - `dt`: broadcastable to `q` (`[1, 1, heads, 1]` or `[1, 1, 1, 1]`)
+    /// - `f_dt`: maps `q`'s shape to itself
     pub fn with_force_times_dt(
         q: Tensor<B, 4>,
         k: Tensor<B, 4>,

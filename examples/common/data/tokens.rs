@@ -124,7 +124,7 @@ impl TokenizedCorpus {
     pub fn check_context(&self, seq_len: usize) -> Result<(), DataError> {
         for (split, stream) in [("training", &self.train), ("validation", &self.valid)] {
             let what = format!(
-                "the {split} split of corpus `{}` ({} tokens)",
+                "the {split} split of corpus `{}` (tokenizer {})",
                 self.name, self.tokenizer
             );
             super::batch::check_window(&what, stream, seq_len)?;

@@ -189,6 +189,7 @@ impl TrainConfig {
                 ),
             });
         }
+        corpus.check_context(self.seq_len)?;
         Ok(())
     }
 

@@ -179,7 +179,6 @@ pub fn train_on_devices<B: AutodiffBackend>(
     atomic::write(&config_path, run_config.to_json().as_bytes())
         .map_err(|e| TrainError::io("write", &config_path, e))?;
 
-    corpus.check_context(config.seq_len)?;
     let windows = TrainWindows::new(&corpus.train, config.seq_len, config.seed)?;
     let eval_set = eval_batches(
         &corpus.valid,
