@@ -332,7 +332,7 @@ mod tests {
             (true, 1, DynamicsConfig::euler(1)),
         ];
         for (per_head_dt, n_nets, config) in cases {
-            let dynamics = QkDynamics::<Ad>::try_init(
+            let mut dynamics = QkDynamics::<Ad>::try_init(
                 &config,
                 &CouplingNetConfig::new(4).with_n_nets(n_nets),
                 &StepSizeConfig::new()
@@ -343,7 +343,6 @@ mod tests {
             )
             .unwrap();
             // Distinct step sizes per head, so that a head mixed up in the fold shows.
-            let mut dynamics = dynamics;
             if per_head_dt {
                 let values = Tensor::<Ad, 1>::from_floats([0.3, -0.7, 1.1], &device);
                 dynamics.step_size = Some(StepSize {

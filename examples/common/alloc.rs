@@ -9,9 +9,10 @@
 //!
 //! The first allocation also tells mimalloc to keep freed memory rather than return it to the
 //! OS a second later (its purge delay, set to −1 unless the environment sets it, as
-//! `MIMALLOC_PURGE_DELAY` or in any spelling mimalloc reads): a training step frees and allocates the same few hundred MB every step, and
-//! returned memory comes back as page faults and page zeroing (18% of the samples of a 60m-layer
-//! Euler-3 step). A trainer holds its peak memory anyway. Measured in docs/performance.md.
+//! `MIMALLOC_PURGE_DELAY` or in any spelling mimalloc reads): a training step frees and
+//! allocates the same few hundred MB every step, and returned memory came back as page faults
+//! and page zeroing (18.5% of the samples of a 60m-layer Euler-3 run). A trainer holds its peak
+//! memory anyway. Measured in docs/performance.md.
 
 use mimalloc::MiMalloc;
 use std::alloc::{GlobalAlloc, Layout};
