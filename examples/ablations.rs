@@ -15,7 +15,7 @@
 mod common;
 
 use clap::Parser;
-use common::backend::dispatch;
+use common::backend::dispatch_devices;
 use common::suite::{
     Budget, Cells, ablation_table, aggregate, parse_variants, seed_table, write_curves_plot,
     write_json, write_markdown,
@@ -88,8 +88,9 @@ fn run(args: Args) -> Result<(), String> {
         variants.len(),
         args.seeds.len()
     );
-    let results = dispatch(
+    let results = dispatch_devices(
         args.budget.backend,
+        usize::from(args.budget.devices),
         Cells {
             suite: &suite,
             cells,

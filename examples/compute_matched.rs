@@ -12,7 +12,7 @@
 mod common;
 
 use clap::Parser;
-use common::backend::dispatch;
+use common::backend::dispatch_devices;
 use common::suite::{
     Budget, CellResult, Cells, Variant, aggregate, first_reach, seed_table, write_curves_plot,
     write_json, write_markdown,
@@ -86,8 +86,9 @@ fn run(args: Args) -> Result<(), String> {
             long,
         ));
     }
-    let results: Vec<CellResult> = dispatch(
+    let results: Vec<CellResult> = dispatch_devices(
         args.budget.backend,
+        usize::from(args.budget.devices),
         Cells {
             suite: &suite,
             cells,

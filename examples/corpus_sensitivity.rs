@@ -13,7 +13,7 @@
 mod common;
 
 use clap::Parser;
-use common::backend::dispatch;
+use common::backend::dispatch_devices;
 use common::suite::{
     Budget, Cells, aggregate, change_pct, parse_variants, seed_table, shared_data_dir,
     write_curves_plot, write_json, write_markdown,
@@ -120,8 +120,9 @@ fn run(args: Args) -> Result<(), String> {
         variants.len(),
         args.seeds.len()
     );
-    let results = dispatch(
+    let results = dispatch_devices(
         args.budget.backend,
+        usize::from(args.budget.devices),
         Cells {
             suite: &suite,
             cells,

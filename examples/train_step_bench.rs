@@ -28,12 +28,12 @@ use burn::module::AutodiffModule;
 use burn::nn::attention::{MhaInput, MultiHeadAttentionConfig, generate_autoregressive_mask};
 use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{Distribution, Tensor};
+use burn::tensor::{Distribution, Tensor, TensorData};
 use clap::Parser;
 use common::alloc::ALLOC;
-use common::backend::{BackendChoice, BackendTask, dispatch};
+use common::backend::{BackendChoice, MultiDeviceTask, dispatch_devices};
 use common::data::TokenBatch;
-use common::lm::batch_loss;
+use common::lm::{batch_gradients, sharded_gradients};
 use coupled_qk::model::{AttentionVariant, Gpt, GptConfig, Preset};
 use coupled_qk::{CoupledQkAttentionConfig, DynamicsConfig};
 use rand::rngs::StdRng;
@@ -63,6 +63,10 @@ struct Args {
     /// standard is always run: the ratios are to it.
     #[arg(long, value_delimiter = ',')]
     variants: Option<Vec<String>>,
+    /// Data-parallel workers per step: each takes batch / N rows, on its own thread (on the CPU,
+    /// N workers share it, as `wikitext_60m --devices N` does).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+    devices: u16,
     /// Write the figures as JSON here.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -173,8 +177,9 @@ fn measured<B: AutodiffBackend>(device: &B::Device, work: impl FnOnce()) -> Meas
 fn model_step<'a, B: AutodiffBackend>(
     config: GptConfig,
     shape: &Shape,
-    device: &'a B::Device,
+    devices: &'a [B::Device],
 ) -> Step<'a> {
+    let device = &devices[0];
     B::seed(device, 0);
     let mut model = Some(config.init::<B>(device));
     let mut optimizer = AdamWConfig::new().init::<B, Gpt<B>>();
@@ -191,7 +196,7 @@ fn model_step<'a, B: AutodiffBackend>(
         };
         measured::<B>(device, || {
             optimise(&mut model, &mut optimizer, |m| {
-                batch_loss(m, &batch, device)
+                batch_gradients(m, &batch, devices, 1).expect("a finite loss").1
             })
         })
     })
@@ -201,58 +206,68 @@ fn model_step<'a, B: AutodiffBackend>(
 fn layer_step<'a, B: AutodiffBackend>(
     contender: &Contender,
     shape: &Shape,
-    device: &'a B::Device,
+    devices: &'a [B::Device],
 ) -> Option<Step<'a>> {
+    let device = &devices[0];
     B::seed(device, 0);
     let (rows, seq) = (shape.batch, shape.seq);
+    // Each worker's rows.
+    let shard = rows / devices.len();
     match contender {
         Contender::Crate(AttentionVariant::Dynamics(dynamics)) => {
             let layer = CoupledQkAttentionConfig::new(576, 9)
                 .with_dynamics(dynamics.clone())
                 .with_causal(true)
                 .init::<B>(device);
-            Some(train_layer(layer, |l, x| l.forward(x), rows, seq, device))
+            Some(train_layer(layer, |l, x| l.forward(x), rows, seq, devices))
         }
         Contender::BurnMha => {
             let layer = MultiHeadAttentionConfig::new(576, 9).init::<B>(device);
             let forward = move |l: &burn::nn::attention::MultiHeadAttention<B>, x: Tensor<B, 3>| {
-                let mask = generate_autoregressive_mask::<B>(rows, seq, device);
+                let mask = generate_autoregressive_mask::<B>(shard, seq, &x.device());
                 l.forward(MhaInput::self_attn(x).mask_attn(mask)).context
             };
-            Some(train_layer(layer, forward, rows, seq, device))
+            Some(train_layer(layer, forward, rows, seq, devices))
         }
         Contender::Crate(AttentionVariant::Differential) => None,
     }
 }
 
-fn train_layer<'a, B: AutodiffBackend, M: AutodiffModule<B> + 'a>(
+fn train_layer<'a, B: AutodiffBackend, M: AutodiffModule<B> + Send + 'a>(
     layer: M,
-    forward: impl Fn(&M, Tensor<B, 3>) -> Tensor<B, 3> + 'a,
+    forward: impl Fn(&M, Tensor<B, 3>) -> Tensor<B, 3> + Sync + 'a,
     rows: usize,
     seq: usize,
-    device: &'a B::Device,
+    devices: &'a [B::Device],
 ) -> Step<'a> {
+    let device = &devices[0];
     let mut layer = Some(layer);
     let mut optimizer = AdamWConfig::new().init::<B, M>();
     Box::new(move || {
         let x = Tensor::<B, 3>::random([rows, seq, 576], Distribution::Normal(0.0, 1.0), device);
+        // One [rows / N, seq, 576] slice per worker; the mean of their mean losses is the loss.
+        let shards: Vec<_> = x.chunk(devices.len(), 0).into_iter().map(|x| x.into_data()).collect();
         measured::<B>(device, || {
             optimise(&mut layer, &mut optimizer, |l| {
-                forward(l, x).powi_scalar(2).mean()
+                let loss = |l: &M, x: &TensorData, d: &B::Device| {
+                    forward(l, Tensor::from_data(x.clone(), d)).powi_scalar(2).mean()
+                };
+                let divisor = devices.len() as f64;
+                sharded_gradients(l, &shards, devices, divisor, loss).expect("a finite loss").1
             })
         })
     })
 }
 
-/// One AdamW step of the module in `slot` on `loss` (the optimiser consumes the module and gives
-/// back the updated one, so it lives in an `Option` between steps).
+/// One AdamW step of the module in `slot` with the gradients `grads` computes (the optimiser
+/// consumes the module and gives back the updated one, so it lives in an `Option` between steps).
 fn optimise<B: AutodiffBackend, M: AutodiffModule<B>>(
     slot: &mut Option<M>,
     optimizer: &mut impl Optimizer<M, B>,
-    loss: impl FnOnce(&M) -> Tensor<B, 1>,
+    grads: impl FnOnce(&M) -> GradientsParams,
 ) {
     let module = slot.take().expect("the module is put back after each step");
-    let grads = GradientsParams::from_grads(loss(&module).backward(), &module);
+    let grads = grads(&module);
     *slot = Some(optimizer.step(1e-4, module, grads));
 }
 
@@ -265,12 +280,12 @@ struct Bench<'a> {
     args: &'a Args,
 }
 
-impl BackendTask for Bench<'_> {
+impl MultiDeviceTask for Bench<'_> {
     type Output = serde_json::Value;
 
     fn run<B: AutodiffBackend>(
         self,
-        device: B::Device,
+        devices: Vec<B::Device>,
         name: &'static str,
         _gpu: bool,
     ) -> serde_json::Value {
@@ -286,10 +301,10 @@ impl BackendTask for Bench<'_> {
                     (Some(model), Contender::Crate(variant)) => Some(model_step::<B>(
                         model.clone().with_variant(variant.clone()),
                         &shape,
-                        &device,
+                        &devices,
                     )),
                     (Some(_), Contender::BurnMha) => None,
-                    (None, _) => layer_step::<B>(&contender, &shape, &device),
+                    (None, _) => layer_step::<B>(&contender, &shape, &devices),
                 };
                 if let Some(step) = step {
                     runners.push((label, step));
@@ -332,13 +347,25 @@ impl BackendTask for Bench<'_> {
                 }));
             }
         }
-        serde_json::json!({ "backend": name, "reps": args.reps, "warmup": args.warmup, "rows": rows })
+        serde_json::json!({
+            "backend": name, "devices": devices.len(), "reps": args.reps, "warmup": args.warmup,
+            "rows": rows,
+        })
     }
 }
 
 fn main() {
     let args = Args::parse();
-    let result = match dispatch(args.backend, Bench { args: &args }) {
+    let workers = usize::from(args.devices);
+    if let Some(shape) = shapes(&args).iter().find(|s| s.batch % workers != 0) {
+        eprintln!(
+            "error: --devices {workers}: {}'s batch of {} rows does not split into {workers} equal \
+             shards; use a divisor of it, or --only other configurations",
+            shape.name, shape.batch
+        );
+        std::process::exit(2);
+    }
+    let result = match dispatch_devices(args.backend, workers, Bench { args: &args }) {
         Ok(result) => result,
         Err(e) => {
             eprintln!("error: {e}");

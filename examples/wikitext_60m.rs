@@ -94,8 +94,9 @@ struct Args {
     /// auto (CUDA, then WGPU, then Flex), flex, ndarray, wgpu or cuda.
     #[arg(long, default_value = "auto")]
     backend: BackendChoice,
-    /// Train data-parallel on this many GPUs of the backend (CUDA devices 0..N, or WGPU's discrete
-    /// GPUs 0..N): each takes batch_size / N rows of every micro-batch. Flex accepts only 1.
+    /// Train data-parallel on this many devices (CUDA devices 0..N, or WGPU's discrete GPUs 0..N;
+    /// on the CPU, N worker threads sharing it, faster than one: Flex runs elementwise kernels on
+    /// one thread, see docs/performance.md). Each takes batch_size / N rows of every micro-batch.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
     devices: u16,
     /// Token cache folder (default: $COUPLED_QK_CACHE or ~/.cache/coupled-qk).

@@ -1,8 +1,9 @@
 //! Which backend an example trains on: `--backend flex|ndarray|wgpu|cuda|auto`. Flex is always
 //! compiled in; the others exist only when the crate is built with their feature
 //! (`--features ndarray`, `--features wgpu`, `--features cuda`).
-//! [`dispatch`] runs a task on one device; [`dispatch_devices`] on several GPUs of one backend
-//! (`--devices N` of `wikitext_60m`: data-parallel training).
+//! [`dispatch`] runs a task on one device; [`dispatch_devices`] on several devices of one backend
+//! (`--devices N` of `wikitext_60m`: data-parallel training over GPUs, or over worker threads
+//! sharing the CPU).
 
 use burn::tensor::backend::AutodiffBackend;
 use std::str::FromStr;
@@ -95,12 +96,12 @@ pub fn dispatch<T: BackendTask>(choice: BackendChoice, task: T) -> Result<T::Out
 
 /// Runs `task` on `count` devices of the chosen backend, printing the choice. One device is the
 /// backend's default one; several are CUDA devices `0..count` (`CudaDevice::new(i)`) or WGPU's
-/// discrete GPUs `0..count` (`WgpuDevice::DiscreteGpu(i)`). Flex is one CPU device (its kernels
-/// already use every core), so it refuses `count > 1`.
+/// discrete GPUs `0..count` (`WgpuDevice::DiscreteGpu(i)`). On a CPU backend (Flex, NdArray)
+/// they are its one device named `count` times: `count` worker threads sharing the cores, which
+/// is faster than one because Flex runs its elementwise kernels on one thread.
 ///
 /// # Errors
-/// `count` 0; the chosen backend not compiled in; (CUDA, WGPU) a device that does not answer;
-/// (Flex) `count > 1`.
+/// `count` 0; the chosen backend not compiled in; (CUDA, WGPU) a device that does not answer.
 pub fn dispatch_devices<T: MultiDeviceTask>(
     choice: BackendChoice,
     count: usize,
@@ -120,20 +121,9 @@ pub fn dispatch_devices<T: MultiDeviceTask>(
         BackendChoice::Wgpu => run_wgpu(task, count),
         BackendChoice::NdArray => run_ndarray(task, count),
         _ => {
-            if count > 1 {
-                return Err(format!(
-                    "--devices {count}: the Flex (CPU) backend is one device, whose kernels already use every \
-                     core ({} threads); several devices need GPUs (--backend cuda or wgpu, built with \
-                     --features cuda or wgpu). Use --devices 1 on the CPU",
-                    rayon::current_num_threads()
-                ));
-            }
-            eprintln!(
-                "backend: Flex (CPU, {} threads)",
-                rayon::current_num_threads()
-            );
+            eprintln!("backend: Flex (CPU, {})", cpu_workers(count));
             Ok(task.run::<burn::backend::Autodiff<burn::backend::Flex>>(
-                vec![Default::default()],
+                vec![Default::default(); count],
                 "flex",
                 false,
             ))
@@ -141,19 +131,21 @@ pub fn dispatch_devices<T: MultiDeviceTask>(
     }
 }
 
+/// How a CPU backend's `count` devices run: the one CPU device, named `count` times, is `count`
+/// data-parallel worker threads sharing the cores (see common::lm's `sharded_gradients`).
+fn cpu_workers(count: usize) -> String {
+    let threads = rayon::current_num_threads();
+    match count {
+        1 => format!("{threads} threads"),
+        n => format!("{threads} threads; {n} data-parallel workers share them"),
+    }
+}
+
 #[cfg(feature = "ndarray")]
 fn run_ndarray<T: MultiDeviceTask>(task: T, count: usize) -> Result<T::Output, String> {
-    if count > 1 {
-        return Err(format!(
-            "--devices {count}: the NdArray (CPU) backend is one device; use --devices 1"
-        ));
-    }
-    eprintln!(
-        "backend: NdArray (CPU, {} threads)",
-        rayon::current_num_threads()
-    );
+    eprintln!("backend: NdArray (CPU, {})", cpu_workers(count));
     Ok(task.run::<burn::backend::Autodiff<burn::backend::NdArray>>(
-        vec![Default::default()],
+        vec![Default::default(); count],
         "ndarray",
         false,
     ))

@@ -8,6 +8,7 @@ mod config;
 mod error;
 mod eval;
 mod metrics;
+mod parallel;
 mod plot;
 mod train;
 
@@ -23,4 +24,5 @@ pub use error::TrainError;
 pub use eval::{Validation, batch_loss, batch_nats, batch_tensors, evaluate};
 pub use metrics::{HEADER, MetricsLog, MetricsRow, read_metrics};
 pub use plot::write_loss_plot;
-pub use train::{RunOptions, RunSummary, batch_gradients, train, train_on_devices, train_with};
+pub use parallel::{batch_gradients, sharded_gradients};
+pub use train::{RunOptions, RunSummary, train, train_on_devices, train_with};

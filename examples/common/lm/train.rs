@@ -15,13 +15,14 @@ use super::checkpoint::{
 use super::clip::clip_global_norm;
 use super::config::{RunConfig, differing_fields};
 use super::eval::{batch_loss, evaluate};
+use super::parallel::batch_gradients;
 use super::metrics::{MetricsLog, MetricsRow, read_metrics};
 use super::plot::write_loss_plot;
 use super::{TrainConfig, TrainError, Validation};
 use crate::common::atomic;
-use crate::common::data::{TokenBatch, TokenizedCorpus, TrainWindows, eval_batches};
+use crate::common::data::{TokenizedCorpus, TrainWindows, eval_batches};
 use burn::module::{AutodiffModule, Module};
-use burn::optim::{AdamWConfig, GradientsAccumulator, GradientsParams, Optimizer};
+use burn::optim::{AdamWConfig, GradientsAccumulator, Optimizer};
 use burn::tensor::ElementConversion;
 use burn::tensor::backend::AutodiffBackend;
 use coupled_qk::model::Gpt;
@@ -419,114 +420,6 @@ pub fn train_on_devices<B: AutodiffBackend>(
         None => format!("{:.0} tok/s", summary.tokens_per_s),
     });
     Ok(summary)
-}
-
-/// Forward and backward of one micro-batch over `devices`: the micro-batch's mean token loss and
-/// the gradient of `loss / grad_accum` (what the training loop accumulates), on the main device
-/// `devices[0]`. `Err` holds a non-finite loss (of a shard, with several devices), whose backward
-/// is skipped.
-///
-/// With one device this is the plain step (no thread, no fork, no copy of the batch). With
-/// several, the rows are split into one equal shard per device (`batch.rows` must be divisible by
-/// `devices.len()`); the main thread takes the first shard with `model` itself, and a scoped
-/// thread per other device takes the next with `model.fork(device)` (the same parameter ids, its
-/// own autodiff graph), each shard's mean loss divided by `devices.len() · grad_accum`. The
-/// shards' gradients are moved to the main device ([`GradientsParams::to_device`]) and summed
-/// there in device order: the one-device gradient of the whole micro-batch up to float rounding.
-/// The loss returned is the mean of the shards' mean losses.
-///
-/// # Panics
-/// If `devices` is empty or does not divide `batch.rows`; a worker's panic is passed on.
-pub fn batch_gradients<B: AutodiffBackend>(
-    model: &Gpt<B>,
-    batch: &TokenBatch,
-    devices: &[B::Device],
-    grad_accum: usize,
-) -> Result<(f64, GradientsParams), f64> {
-    let main = &devices[0];
-    let n = devices.len();
-    if n == 1 {
-        return shard_grads(model, batch, main, grad_accum as f64);
-    }
-    assert_eq!(
-        batch.rows % n,
-        0,
-        "{} rows do not split over {n} devices",
-        batch.rows
-    );
-    // Each shard's loss is the mean over its rows·seq_len tokens, 1/n of the micro-batch's:
-    // dividing by n·grad_accum makes the shards' gradients sum to the one-device gradient.
-    let divisor = (n * grad_accum) as f64;
-    // Burn creates weights lazily, and a clone of a not-yet-created weight draws its own: reading
-    // every weight once (`num_params` does) makes the forks copies of this model.
-    let _ = model.num_params();
-    let shards = split_rows(batch, n);
-    let results: Vec<Result<(f64, GradientsParams), f64>> = std::thread::scope(|scope| {
-        let workers: Vec<_> = devices[1..]
-            .iter()
-            .zip(&shards[1..])
-            .map(|(device, shard)| {
-                // The copy to the device happens in the thread too (as in burn-train).
-                let model = model.clone();
-                scope.spawn(move || shard_grads(&model.fork(device), shard, device, divisor))
-            })
-            .collect();
-        let mut results = vec![shard_grads(model, &shards[0], main, divisor)];
-        for worker in workers {
-            results.push(
-                worker
-                    .join()
-                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
-            );
-        }
-        results
-    });
-    let mut sum = GradientsAccumulator::<Gpt<B>>::new();
-    let mut values = 0.0;
-    for (k, result) in results.into_iter().enumerate() {
-        let (value, grads) = result?;
-        values += value;
-        let grads = if k == 0 {
-            grads
-        } else {
-            grads.to_device::<B, Gpt<B>>(main, model)
-        };
-        sum.accumulate(model, grads);
-    }
-    Ok((values / n as f64, sum.grads()))
-}
-
-/// The mean token loss of `batch` on `device`, and the gradients of `loss / divisor`; `Err` with
-/// the loss when it is not finite (before any backward).
-fn shard_grads<B: AutodiffBackend>(
-    model: &Gpt<B>,
-    batch: &TokenBatch,
-    device: &B::Device,
-    divisor: f64,
-) -> Result<(f64, GradientsParams), f64> {
-    let loss = batch_loss(model, batch, device);
-    let value = loss.clone().into_scalar().elem::<f64>();
-    if !value.is_finite() {
-        return Err(value);
-    }
-    let grads = (loss / divisor).backward();
-    Ok((value, GradientsParams::from_grads(grads, model)))
-}
-
-/// `batch`'s rows in `parts` consecutive equal shards (`rows` divisible by `parts`). Their
-/// `target_bytes` is 0: the training loss does not use it.
-fn split_rows(batch: &TokenBatch, parts: usize) -> Vec<TokenBatch> {
-    let rows = batch.rows / parts;
-    let len = rows * batch.seq_len;
-    (0..parts)
-        .map(|k| TokenBatch {
-            inputs: batch.inputs[k * len..(k + 1) * len].to_vec(),
-            targets: batch.targets[k * len..(k + 1) * len].to_vec(),
-            rows,
-            seq_len: batch.seq_len,
-            target_bytes: 0,
-        })
-        .collect()
 }
 
 /// Decides between a fresh run and a resume, checking the folder and the config: the newest

@@ -2,7 +2,7 @@
 //! are a CPU-scale cell: the `tiny` preset with the byte tokenizer, about 10 minutes on 2 cores.
 
 use super::{CellResult, Suite, Variant, run_cell};
-use crate::common::backend::{BackendChoice, BackendTask};
+use crate::common::backend::{BackendChoice, MultiDeviceTask};
 use crate::common::data::{
     CorpusSource, Hub, LoadOptions, SplitOptions, TokenCache, TokenizedCorpus, TokenizerKind,
     load_corpus,
@@ -48,6 +48,10 @@ pub struct Budget {
     /// auto, flex, ndarray, wgpu or cuda.
     #[arg(long, default_value = "auto")]
     pub backend: BackendChoice,
+    /// Train each cell data-parallel on this many devices (GPUs; on the CPU, worker threads
+    /// sharing it, faster than one: see docs/performance.md). The batch size must divide by it.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+    pub devices: u16,
     /// Token cache folder (default: $COUPLED_QK_CACHE or ~/.cache/coupled-qk).
     #[arg(long)]
     pub cache_dir: Option<PathBuf>,
@@ -127,11 +131,11 @@ pub struct Cells<'a> {
     pub cells: Vec<(&'a TokenizedCorpus, Variant, TrainConfig)>,
 }
 
-impl BackendTask for Cells<'_> {
+impl MultiDeviceTask for Cells<'_> {
     type Output = Result<Vec<CellResult>, String>;
     fn run<B: AutodiffBackend>(
         self,
-        device: B::Device,
+        devices: Vec<B::Device>,
         _name: &'static str,
         _gpu: bool,
     ) -> Self::Output {
@@ -145,7 +149,7 @@ impl BackendTask for Cells<'_> {
                 variant.label,
                 config.seed
             );
-            let result = run_cell::<B>(self.suite, &variant.label, &config, corpus, &device)
+            let result = run_cell::<B>(self.suite, &variant.label, &config, corpus, &devices)
                 .map_err(|e| e.to_string())?;
             results.push(result);
         }

@@ -4,7 +4,7 @@
 use crate::common::data::TokenizedCorpus;
 use crate::common::lm::{
     RunConfig, RunOptions, RunSummary, TrainConfig, TrainError, differing_fields, read_metrics,
-    train_with,
+    train_on_devices,
 };
 use burn::tensor::backend::AutodiffBackend;
 use std::path::{Path, PathBuf};
@@ -73,14 +73,14 @@ impl Suite {
     }
 }
 
-/// Trains the cell unless its folder already holds a finished run (then only reads it back);
-/// an interrupted cell resumes from its last checkpoint.
+/// Trains the cell on `devices` (data-parallel when several) unless its folder already holds a
+/// finished run (then only reads it back); an interrupted cell resumes from its last checkpoint.
 pub fn run_cell<B: AutodiffBackend>(
     suite: &Suite,
     variant: &str,
     config: &TrainConfig,
     corpus: &TokenizedCorpus,
-    device: &B::Device,
+    devices: &[B::Device],
 ) -> Result<CellResult, TrainError> {
     let dir = suite.cell_dir(&corpus.name, variant, config.seed);
     // A finished run counts only if it was trained with exactly this config and corpus; otherwise
@@ -97,7 +97,7 @@ pub fn run_cell<B: AutodiffBackend>(
                 quiet: suite.quiet,
                 ..RunOptions::default()
             };
-            train_with::<B>(config, corpus, &dir, &options, device)?
+            train_on_devices::<B>(config, corpus, &dir, &options, devices)?
         }
     };
     let curve = read_metrics(&dir.join("metrics.csv"))?
