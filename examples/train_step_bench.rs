@@ -196,7 +196,9 @@ fn model_step<'a, B: AutodiffBackend>(
         };
         measured::<B>(device, || {
             optimise(&mut model, &mut optimizer, |m| {
-                batch_gradients(m, &batch, devices, 1).expect("a finite loss").1
+                batch_gradients(m, &batch, devices, 1)
+                    .expect("a finite loss")
+                    .1
             })
         })
     })
@@ -246,14 +248,22 @@ fn train_layer<'a, B: AutodiffBackend, M: AutodiffModule<B> + Send + 'a>(
     Box::new(move || {
         let x = Tensor::<B, 3>::random([rows, seq, 576], Distribution::Normal(0.0, 1.0), device);
         // One [rows / N, seq, 576] slice per worker; the mean of their mean losses is the loss.
-        let shards: Vec<_> = x.chunk(devices.len(), 0).into_iter().map(|x| x.into_data()).collect();
+        let shards: Vec<_> = x
+            .chunk(devices.len(), 0)
+            .into_iter()
+            .map(|x| x.into_data())
+            .collect();
         measured::<B>(device, || {
             optimise(&mut layer, &mut optimizer, |l| {
                 let loss = |l: &M, x: &TensorData, d: &B::Device| {
-                    forward(l, Tensor::from_data(x.clone(), d)).powi_scalar(2).mean()
+                    forward(l, Tensor::from_data(x.clone(), d))
+                        .powi_scalar(2)
+                        .mean()
                 };
                 let divisor = devices.len() as f64;
-                sharded_gradients(l, &shards, devices, divisor, loss).expect("a finite loss").1
+                sharded_gradients(l, &shards, devices, divisor, loss)
+                    .expect("a finite loss")
+                    .1
             })
         })
     })

@@ -23,6 +23,6 @@ pub use config::{
 pub use error::TrainError;
 pub use eval::{Validation, batch_loss, batch_nats, batch_tensors, evaluate};
 pub use metrics::{HEADER, MetricsLog, MetricsRow, read_metrics};
-pub use plot::write_loss_plot;
 pub use parallel::{batch_gradients, sharded_gradients};
+pub use plot::write_loss_plot;
 pub use train::{RunOptions, RunSummary, train, train_on_devices, train_with};

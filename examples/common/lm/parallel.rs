@@ -2,7 +2,7 @@
 //! the main device.
 //!
 //! Several devices may be one device named several times: on a CPU backend, `N` copies of its
-//! device are `N` worker threads sharing the CPU. That pays because Flex runs its matrix products
+//! device are `N` workers sharing the CPU. That pays because Flex runs its matrix products
 //! on every core but its elementwise kernels (exp, sigmoid, erf, the additions and products of
 //! autodiff) on the calling thread only; two workers keep two cores busy through them
 //! (docs/performance.md, "Data-parallel workers on the CPU").
@@ -63,11 +63,14 @@ pub fn batch_gradients<B: AutodiffBackend>(
 /// sum of the shards' loss values (before the division). `Err` holds a non-finite loss value,
 /// whose backward is skipped.
 ///
-/// `devices[0]`'s shard runs on the calling thread with `module` itself; every other shard on a
-/// scoped thread of its own with `module.fork(device)` (the same parameter ids, its own autodiff
-/// graph). The shards' gradients are moved to `devices[0]` and summed there in device order, so
-/// the result does not depend on which thread finishes first. A device may appear more than
-/// once (worker threads sharing one device).
+/// Every shard runs as a task of rayon's global thread pool, with its own clone of `module`
+/// forked to its device (the same parameter ids, its own autodiff graph). Pool threads live as
+/// long as the process, so their allocator caches do too: a thread spawned per micro-batch made
+/// the allocator fault fresh pages in at every step (11% of a profile of the torch-small step;
+/// the pool was faster in each of three interleaved runs, docs/performance.md). The shards'
+/// gradients are moved to `devices[0]` and summed there in device order, so the result does not
+/// depend on which task finishes first. A device may appear more than once (workers sharing one
+/// device). With more devices than pool threads some shards wait for a thread.
 ///
 /// # Panics
 /// If `shards` and `devices` differ in length or are empty; a worker's panic is passed on.
@@ -96,7 +99,10 @@ where
         if !value.is_finite() {
             return Err(value);
         }
-        Ok((value, GradientsParams::from_grads((loss / divisor).backward(), module)))
+        Ok((
+            value,
+            GradientsParams::from_grads((loss / divisor).backward(), module),
+        ))
     };
     if devices.len() == 1 {
         return one(module, &shards[0], main);
@@ -104,27 +110,21 @@ where
     // Burn creates weights lazily, and a clone of a not-yet-created weight draws its own: reading
     // every weight once (`num_params` does) makes the forks copies of this module.
     let _ = module.num_params();
-    let results: Vec<Result<(f64, GradientsParams), f64>> = std::thread::scope(|scope| {
-        let workers: Vec<_> = devices[1..]
-            .iter()
-            .zip(&shards[1..])
-            .map(|(device, shard)| {
-                // The copy to the device happens in the thread too (as in burn-train).
-                let module = module.clone();
-                let one = &one;
-                scope.spawn(move || one(&module.fork(device), shard, device))
-            })
-            .collect();
-        let mut results = vec![one(module, &shards[0], main)];
-        for worker in workers {
-            results.push(
-                worker
-                    .join()
-                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
-            );
+    let mut results: Vec<Option<Result<(f64, GradientsParams), f64>>> =
+        (0..devices.len()).map(|_| None).collect();
+    let forks: Vec<M> = devices.iter().map(|_| module.clone()).collect();
+    rayon::scope(|scope| {
+        for (((device, shard), slot), module) in
+            devices.iter().zip(shards).zip(&mut results).zip(forks)
+        {
+            let one = &one;
+            scope.spawn(move |_| *slot = Some(one(&module.fork(device), shard, device)));
         }
-        results
     });
+    let results: Vec<_> = results
+        .into_iter()
+        .map(|r| r.expect("every shard ran"))
+        .collect();
     let mut sum = GradientsAccumulator::<M>::new();
     let mut values = 0.0;
     for (k, result) in results.into_iter().enumerate() {

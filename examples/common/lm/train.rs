@@ -15,8 +15,8 @@ use super::checkpoint::{
 use super::clip::clip_global_norm;
 use super::config::{RunConfig, differing_fields};
 use super::eval::{batch_loss, evaluate};
-use super::parallel::batch_gradients;
 use super::metrics::{MetricsLog, MetricsRow, read_metrics};
+use super::parallel::batch_gradients;
 use super::plot::write_loss_plot;
 use super::{TrainConfig, TrainError, Validation};
 use crate::common::atomic;
