@@ -3,7 +3,8 @@
 //!
 //! ```sh
 //! cargo run --release --example mqar                 # CPU sweep, ≤ 20 minutes on 2 cores
-//! cargo run --release --example mqar -- --full       # Zoology's figure-2 scale, for a GPU
+//! cargo run --release --example mqar -- --devices 2  # the same, 2 workers sharing the CPU
+//! cargo run --release --features cuda --example mqar -- --full   # Zoology's figure-2 scale, on a GPU
 //! ```
 //!
 //! Writes `results.json` (every run), `results.md` (best learning rate per cell) and
@@ -11,7 +12,9 @@
 
 mod common;
 
+use burn::tensor::backend::AutodiffBackend;
 use clap::Parser;
+use common::backend::{BackendChoice, MultiDeviceTask, dispatch_devices};
 use common::mqar::{Sweep, write_markdown, write_plot};
 use coupled_qk::DynamicsConfig;
 use coupled_qk::model::AttentionVariant;
@@ -54,6 +57,13 @@ struct Args {
     train_examples: Option<usize>,
     #[arg(long)]
     test_examples: Option<usize>,
+    /// auto (CUDA, then WGPU, then Flex), flex, ndarray, wgpu or cuda.
+    #[arg(long, default_value = "auto")]
+    backend: BackendChoice,
+    /// Train each run data-parallel on this many devices (GPUs; on the CPU, workers sharing it).
+    /// The batch size must divide by it.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+    devices: u16,
     /// Attention heads per layer.
     #[arg(long, default_value_t = 1)]
     heads: usize,
@@ -186,9 +196,29 @@ fn base(args: &Args, default_variants: Vec<AttentionVariant>) -> Sweep {
 fn run(
     sweep: &Sweep,
     out: &std::path::Path,
-    _args: &Args,
+    args: &Args,
 ) -> Result<common::mqar::SweepResults, String> {
-    use burn::backend::{Autodiff, Flex};
-    eprintln!("backend: Flex (CPU)");
-    sweep.execute::<Autodiff<Flex>>(out, &Default::default())
+    dispatch_devices(
+        args.backend,
+        usize::from(args.devices),
+        Execute { sweep, out },
+    )?
+}
+
+/// The sweep as work for any backend.
+struct Execute<'a> {
+    sweep: &'a Sweep,
+    out: &'a std::path::Path,
+}
+
+impl MultiDeviceTask for Execute<'_> {
+    type Output = Result<common::mqar::SweepResults, String>;
+    fn run<B: AutodiffBackend>(
+        self,
+        devices: Vec<B::Device>,
+        _name: &'static str,
+        _gpu: bool,
+    ) -> Self::Output {
+        self.sweep.execute::<B>(self.out, &devices)
+    }
 }

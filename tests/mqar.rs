@@ -168,8 +168,11 @@ fn a_short_run_learns_that_labels_are_values() {
         eval_every: 60,
         seed: 0,
     };
-    let outcome =
-        train::<Autodiff<Flex>>(&run, &Default::default(), &indicatif::ProgressBar::hidden());
+    let outcome = train::<Autodiff<Flex>>(
+        &run,
+        &[Default::default()],
+        &indicatif::ProgressBar::hidden(),
+    );
     // Chance over the whole vocabulary is ln 16 ≈ 2.77; knowing only that labels are values
     // (8 of 16 tokens) gives ln 8 ≈ 2.08.
     assert!(outcome.final_loss < 2.3, "loss {}", outcome.final_loss);
@@ -201,7 +204,9 @@ fn a_sweep_resumes_and_refuses_a_different_one() {
         seeds: vec![0],
     };
     let device = Default::default();
-    let first = sweep.execute::<Autodiff<Flex>>(&dir, &device).unwrap();
+    let first = sweep
+        .execute::<Autodiff<Flex>>(&dir, std::slice::from_ref(&device))
+        .unwrap();
     assert_eq!(first.runs.len(), 2);
     // Drop one run, as an interrupted sweep would have: the rerun does only that one.
     let mut partial = first.clone();
@@ -211,7 +216,9 @@ fn a_sweep_resumes_and_refuses_a_different_one() {
         serde_json::to_vec(&partial).unwrap(),
     )
     .unwrap();
-    let second = sweep.execute::<Autodiff<Flex>>(&dir, &device).unwrap();
+    let second = sweep
+        .execute::<Autodiff<Flex>>(&dir, std::slice::from_ref(&device))
+        .unwrap();
     assert_eq!(second.runs.len(), 2);
     assert_eq!(
         second.runs[0].outcome.seconds, first.runs[0].outcome.seconds,
@@ -219,7 +226,82 @@ fn a_sweep_resumes_and_refuses_a_different_one() {
     );
     assert_eq!(second.runs[1].key, kept.key);
     let other = Sweep { steps: 3, ..sweep };
-    let err = other.execute::<Autodiff<Flex>>(&dir, &device).unwrap_err();
+    let err = other
+        .execute::<Autodiff<Flex>>(&dir, std::slice::from_ref(&device))
+        .unwrap_err();
     assert!(err.contains("different sweep"), "{err}");
     std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// Every parameter's gradient, flattened in the module's visiting order.
+struct Flatten<'a> {
+    grads: &'a burn::optim::GradientsParams,
+    values: Vec<f32>,
+}
+
+impl burn::module::ModuleVisitor<burn::backend::Autodiff<burn::backend::Flex>> for Flatten<'_> {
+    fn visit_float<const D: usize>(
+        &mut self,
+        param: &burn::module::Param<
+            burn::tensor::Tensor<burn::backend::Autodiff<burn::backend::Flex>, D>,
+        >,
+    ) {
+        if let Some(grad) = self.grads.get::<burn::backend::Flex, D>(param.id) {
+            self.values
+                .extend(grad.into_data().to_vec::<f32>().unwrap());
+        }
+    }
+}
+
+#[test]
+fn two_devices_give_the_one_device_gradient_when_shards_hold_different_query_counts() {
+    use burn::backend::{Autodiff, Flex};
+    use burn::module::Module;
+    use coupled_qk::DynamicsConfig;
+    use coupled_qk::model::GptConfig;
+    type B = Autodiff<Flex>;
+    let t = task();
+    let mut batch = t.generate(4, 3);
+    // The second half (shard 1 of 2) keeps one query per example: its mean is over far fewer
+    // positions than shard 0's, so averaging the two shard means would weight them wrongly.
+    let half = batch.labels.len() / 2;
+    for row in batch.labels[half..].chunks_mut(t.seq_len) {
+        let mut kept = false;
+        for label in row.iter_mut().filter(|l| **l != IGNORE) {
+            if kept {
+                *label = IGNORE;
+            }
+            kept = true;
+        }
+    }
+    let device = Default::default();
+    <B as burn::tensor::backend::Backend>::seed(&device, 0);
+    let model = GptConfig::new(t.vocab, 32, 2, 2, t.seq_len)
+        .with_variant(DynamicsConfig::euler(1).into())
+        .with_mlp_ratio(0)
+        .init::<B>(&device);
+    let flat = |devices: &[burn::tensor::Device<B>]| {
+        let (loss, grads) = common::mqar::batch_gradients(&model, &batch, devices);
+        let mut flatten = Flatten {
+            grads: &grads,
+            values: Vec::new(),
+        };
+        model.visit(&mut flatten);
+        (loss(), flatten.values)
+    };
+    let (loss1, one) = flat(std::slice::from_ref(&device));
+    let (loss2, two) = flat(&[device, device]);
+    assert_eq!(one.len(), two.len());
+    let largest = one.iter().fold(0.0f32, |m, g| m.max(g.abs()));
+    let differ = one
+        .iter()
+        .zip(&two)
+        .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+    eprintln!("largest |g| {largest:e}, 2 shards differ by {differ:e}; losses {loss1} / {loss2}");
+    assert!(largest > 1e-4);
+    assert!(
+        differ <= 1e-5 * largest,
+        "{differ:e} vs largest {largest:e}"
+    );
+    assert!((loss1 - loss2).abs() < 1e-5, "{loss1} vs {loss2}");
 }

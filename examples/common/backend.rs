@@ -136,6 +136,10 @@ pub fn dispatch_devices<T: MultiDeviceTask>(
 fn cpu_workers(count: usize) -> String {
     let threads = rayon::current_num_threads();
     match count {
+        1 if threads > 1 => format!(
+            "{threads} threads; --devices {threads} would run {threads} data-parallel workers, \
+             usually faster on a CPU: see docs/performance.md"
+        ),
         1 => format!("{threads} threads"),
         n => format!("{threads} threads; {n} data-parallel workers share them"),
     }

@@ -8,4 +8,4 @@ mod train;
 pub use data::{IGNORE, MqarBatch, MqarTask};
 pub use report::{write_markdown, write_plot};
 pub use sweep::{RunKey, RunResult, Sweep, SweepResults};
-pub use train::{MqarRun, train};
+pub use train::{MqarRun, batch_gradients, train};

@@ -118,13 +118,22 @@ impl Sweep {
         }
     }
 
-    /// Runs what `out/results.json` does not hold yet, saving after every run.
+    /// Runs what `out/results.json` does not hold yet on `devices` (several: data-parallel),
+    /// saving after every run.
     pub fn execute<B: AutodiffBackend>(
         &self,
         out: &Path,
-        device: &B::Device,
+        devices: &[B::Device],
     ) -> Result<SweepResults, String> {
         self.validate()?;
+        if devices.is_empty() || !self.batch_size.is_multiple_of(devices.len()) {
+            return Err(format!(
+                "--devices {}: the batch size ({}) must be divisible by the number of devices; \
+                 change --batch-size or --devices",
+                devices.len(),
+                self.batch_size
+            ));
+        }
         let path = out.join("results.json");
         let mut results = load(&path)?.unwrap_or_else(|| SweepResults {
             sweep: self.clone(),
@@ -166,7 +175,7 @@ impl Sweep {
                 key.lr,
                 key.seed
             ));
-            let outcome = train::<B>(&self.run(key), device, &progress);
+            let outcome = train::<B>(&self.run(key), devices, &progress);
             progress.finish_with_message(format!(
                 "acc {:.3} in {} steps, {:.0}s",
                 outcome.accuracy, outcome.steps, outcome.seconds

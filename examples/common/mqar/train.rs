@@ -2,6 +2,7 @@
 //! or its step budget ends.
 
 use super::data::{IGNORE, MqarBatch, MqarTask};
+use crate::common::lm::sharded_gradients;
 use crate::common::schedule::WarmupCosine;
 use burn::module::AutodiffModule;
 use burn::optim::grad_clipping::GradientClippingConfig;
@@ -75,6 +76,54 @@ fn tensors<B: Backend>(
     )
 }
 
+/// The gradient of `batch`'s masked cross-entropy over `devices`, and its loss (read when asked:
+/// with one device the value stays on the device until then).
+///
+/// With several devices the examples are split into equal shards and go through
+/// [`sharded_gradients`]; shard `k`'s loss is its own mean weighted by its share `W_k / W` of the
+/// batch's query positions, so the shards' gradients sum to the one-device gradient (up to float
+/// rounding) even when the shards hold different numbers of queries. A shard's non-finite loss
+/// skips the step's update there (its value is reported), where one device applies whatever its
+/// backward gives: either way the run's accuracy shows it.
+///
+/// # Panics
+/// If `devices` is empty or does not divide `batch.n`.
+pub fn batch_gradients<'a, B: AutodiffBackend>(
+    model: &Gpt<B>,
+    batch: &MqarBatch,
+    devices: &'a [B::Device],
+) -> (Box<dyn FnOnce() -> f64 + 'a>, GradientsParams) {
+    let loss = |model: &Gpt<B>, batch: &MqarBatch, device: &B::Device| {
+        let (inputs, targets, weight) = tensors::<B>(batch, device);
+        let logits = model.forward(inputs); // [n, L, V]
+        let [n, l, vocab] = logits.dims();
+        masked_cross_entropy(logits.reshape([n * l, vocab]), targets, weight)
+    };
+    if let [device] = devices {
+        let loss = loss(model, batch, device);
+        let grads = GradientsParams::from_grads(loss.backward(), model);
+        return (Box::new(move || loss.into_scalar().elem::<f64>()), grads);
+    }
+    assert!(
+        !devices.is_empty() && batch.n.is_multiple_of(devices.len()),
+        "{} examples do not split over {} devices",
+        batch.n,
+        devices.len()
+    );
+    let rows = batch.n / devices.len();
+    let shards: Vec<MqarBatch> = (0..devices.len())
+        .map(|k| batch.slice(k * rows..(k + 1) * rows))
+        .collect();
+    let queries = |b: &MqarBatch| b.labels.iter().filter(|&&l| l != IGNORE).count() as f64;
+    let total = queries(batch).max(1.0);
+    let weighted = |model: &Gpt<B>, shard: &MqarBatch, device: &B::Device| {
+        loss(model, shard, device) * (queries(shard) / total)
+    };
+    let (value, grads) = sharded_gradients(model, &shards, devices, 1.0, weighted)
+        .unwrap_or_else(|value| (value, GradientsParams::new()));
+    (Box::new(move || value), grads)
+}
+
 /// Accuracy over the query positions of `data`.
 pub fn accuracy<B: Backend>(model: &Gpt<B>, data: &MqarBatch, batch_size: usize) -> f64 {
     let device = model.tokens.weight.device();
@@ -91,12 +140,24 @@ pub fn accuracy<B: Backend>(model: &Gpt<B>, data: &MqarBatch, batch_size: usize)
     correct / total.max(1.0)
 }
 
-/// Trains one model on `run`, reporting to `progress` (its length is set to the step budget).
+/// Trains one model on `run` over `devices` (the first is the main one; several train
+/// data-parallel: each takes `batch_size / devices.len()` examples of every batch), reporting to
+/// `progress` (its length is set to the step budget).
+///
+/// # Panics
+/// If `devices` is empty or does not divide `run.batch_size` (the program checks both first).
 pub fn train<B: AutodiffBackend>(
     run: &MqarRun,
-    device: &B::Device,
+    devices: &[B::Device],
     progress: &ProgressBar,
 ) -> TrainOutcome {
+    let device = &devices[0];
+    assert!(
+        run.batch_size.is_multiple_of(devices.len()),
+        "batch size {} does not split over {} devices",
+        run.batch_size,
+        devices.len()
+    );
     let started = Instant::now();
     B::seed(device, run.seed);
     // Disjoint seeds for the two sets.
@@ -138,15 +199,11 @@ pub fn train<B: AutodiffBackend>(
         let b = step % batches_per_epoch;
         let batch =
             train_set.slice(b * run.batch_size..((b + 1) * run.batch_size).min(train_set.n));
-        let (inputs, targets, weight) = tensors::<B>(&batch, device);
-        let n = batch.n * batch.seq_len;
-        let logits = model.forward(inputs).reshape([n, run.task.vocab]); // [n·L, V]
-        let loss = masked_cross_entropy(logits, targets, weight);
-        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        let (loss, grads) = batch_gradients(&model, &batch, devices);
         model = optimizer.step(schedule.at(step), model, grads);
         steps = step + 1;
         if steps % run.eval_every == 0 || steps == run.steps {
-            final_loss = loss.into_scalar().elem::<f64>();
+            final_loss = loss();
             let acc = accuracy(&model.valid(), &test_set, 256);
             best = best.max(acc);
             progress.set_message(format!("loss {final_loss:.3} acc {acc:.3}"));
