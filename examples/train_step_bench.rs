@@ -67,6 +67,11 @@ struct Args {
     /// N workers share it, as `wikitext_60m --devices N` does).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
     devices: u16,
+    /// Burn's autodiff checkpointing on Flex: `none` (Burn's default: keep what backward needs)
+    /// or `balanced` (recompute memory-bound ops such as elementwise ones in the backward pass
+    /// instead of keeping their outputs).
+    #[arg(long, default_value = "none", value_parser = ["none", "balanced"])]
+    checkpointing: String,
     /// Write the figures as JSON here.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -375,7 +380,26 @@ fn main() {
         );
         std::process::exit(2);
     }
-    let result = match dispatch_devices(args.backend, workers, Bench { args: &args }) {
+    let bench = Bench { args: &args };
+    let result = if args.checkpointing == "balanced" {
+        if !matches!(args.backend, BackendChoice::Auto | BackendChoice::Flex) {
+            eprintln!("error: --checkpointing balanced is wired for Flex only; add --backend flex");
+            std::process::exit(2);
+        }
+        use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
+        eprintln!("backend: Flex with BalancedCheckpointing ({workers} workers)");
+        let devices = vec![Default::default(); workers];
+        Ok(
+            bench.run::<burn::backend::Autodiff<burn::backend::Flex, BalancedCheckpointing>>(
+                devices,
+                "flex-balanced",
+                false,
+            ),
+        )
+    } else {
+        dispatch_devices(args.backend, workers, bench)
+    };
+    let result = match result {
         Ok(result) => result,
         Err(e) => {
             eprintln!("error: {e}");
