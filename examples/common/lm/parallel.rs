@@ -5,7 +5,7 @@
 //! device are `N` workers sharing the CPU. That pays because Flex runs its matrix products
 //! on every core but its elementwise kernels (exp, sigmoid, erf, the additions and products of
 //! autodiff) on the calling thread only; two workers keep two cores busy through them
-//! (docs/performance.md, "Data-parallel workers on the CPU").
+//! (docs/performance.md, "Third pass: data-parallel workers on the CPU").
 
 use super::eval::batch_loss;
 use crate::common::data::TokenBatch;
