@@ -28,7 +28,7 @@ use burn::module::AutodiffModule;
 use burn::nn::attention::{MhaInput, MultiHeadAttentionConfig, generate_autoregressive_mask};
 use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{Distribution, Tensor, TensorData};
+use burn::tensor::{Distribution, Tensor};
 use clap::Parser;
 use common::alloc::ALLOC;
 use common::backend::{BackendChoice, MultiDeviceTask, dispatch_devices};
@@ -63,8 +63,8 @@ struct Args {
     /// standard is always run: the ratios are to it.
     #[arg(long, value_delimiter = ',')]
     variants: Option<Vec<String>>,
-    /// Data-parallel workers per step: each takes batch / N rows, on its own thread (on the CPU,
-    /// N workers share it, as `wikitext_60m --devices N` does).
+    /// Data-parallel workers per step: each takes batch / N rows (GPUs; on the CPU, N workers
+    /// sharing it, as `wikitext_60m --devices N` does).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
     devices: u16,
     /// Burn's autodiff checkpointing on Flex: `none` (Burn's default: keep what backward needs)
@@ -252,18 +252,18 @@ fn train_layer<'a, B: AutodiffBackend, M: AutodiffModule<B> + Send + 'a>(
     let mut optimizer = AdamWConfig::new().init::<B, M>();
     Box::new(move || {
         let x = Tensor::<B, 3>::random([rows, seq, 576], Distribution::Normal(0.0, 1.0), device);
-        // One [rows / N, seq, 576] slice per worker; the mean of their mean losses is the loss.
-        let shards: Vec<_> = x
+        // One [rows / N, seq, 576] slice per worker, made before the clock starts; the mean of
+        // their mean losses is the loss.
+        let shards: Vec<Tensor<B, 3>> = x
             .chunk(devices.len(), 0)
             .into_iter()
-            .map(|x| x.into_data())
+            .zip(devices)
+            .map(|(x, d)| x.to_device(d))
             .collect();
         measured::<B>(device, || {
             optimise(&mut layer, &mut optimizer, |l| {
-                let loss = |l: &M, x: &TensorData, d: &B::Device| {
-                    forward(l, Tensor::from_data(x.clone(), d))
-                        .powi_scalar(2)
-                        .mean()
+                let loss = |l: &M, x: &Tensor<B, 3>, _: &B::Device| {
+                    forward(l, x.clone()).powi_scalar(2).mean()
                 };
                 let divisor = devices.len() as f64;
                 sharded_gradients(l, &shards, devices, divisor, loss)

@@ -305,3 +305,48 @@ fn two_devices_give_the_one_device_gradient_when_shards_hold_different_query_cou
     );
     assert!((loss1 - loss2).abs() < 1e-5, "{loss1} vs {loss2}");
 }
+
+#[test]
+fn a_sweep_refuses_a_batch_larger_than_its_examples_or_empty() {
+    use burn::backend::{Autodiff, Flex};
+    use common::mqar::Sweep;
+    let sweep = Sweep {
+        vocab: 16,
+        tasks: vec![(8, 2)],
+        variants: vec![coupled_qk::DynamicsConfig::Standard.into()],
+        d_models: vec![8],
+        lrs: vec![1e-3],
+        n_heads: 1,
+        n_layers: 1,
+        mlp: false,
+        batch_size: 8,
+        train_examples: 4,
+        test_examples: 4,
+        steps: 1,
+        eval_every: 1,
+        seeds: vec![0],
+    };
+    let dir = std::env::temp_dir().join(format!("coupled-qk-sweep-bad-{}", std::process::id()));
+    let device = Default::default();
+    let devices = std::slice::from_ref(&device);
+    let err = sweep.execute::<Autodiff<Flex>>(&dir, devices).unwrap_err();
+    assert!(
+        err.contains("batch size 8") && err.contains("4 training examples"),
+        "{err}"
+    );
+    let empty = Sweep {
+        batch_size: 0,
+        ..sweep.clone()
+    };
+    let err = empty.execute::<Autodiff<Flex>>(&dir, devices).unwrap_err();
+    assert!(err.contains("batch size 0"), "{err}");
+    let uneven = Sweep {
+        batch_size: 3,
+        ..sweep
+    };
+    let err = uneven
+        .execute::<Autodiff<Flex>>(&dir, &[device, device])
+        .unwrap_err();
+    assert!(err.contains("--devices 2") && err.contains("(3)"), "{err}");
+    assert!(!dir.exists(), "nothing is written for a refused sweep");
+}

@@ -1,9 +1,8 @@
 //! Which backend an example trains on: `--backend flex|ndarray|wgpu|cuda|auto`. Flex is always
 //! compiled in; the others exist only when the crate is built with their feature
 //! (`--features ndarray`, `--features wgpu`, `--features cuda`).
-//! [`dispatch`] runs a task on one device; [`dispatch_devices`] on several devices of one backend
-//! (`--devices N` of `wikitext_60m`: data-parallel training over GPUs, or over worker threads
-//! sharing the CPU).
+//! [`dispatch_devices`] runs a task on one or several devices of one backend (`--devices N` of
+//! the programs that train: data-parallel training over GPUs, or over workers sharing the CPU).
 
 use burn::tensor::backend::AutodiffBackend;
 use std::str::FromStr;
@@ -40,20 +39,7 @@ impl FromStr for BackendChoice {
     }
 }
 
-/// Work generic over the backend (closures cannot be), on one device.
-pub trait BackendTask {
-    /// What the work returns.
-    type Output;
-    /// Runs on backend `B`; `name` says which, `gpu` whether it is a GPU backend.
-    fn run<B: AutodiffBackend>(
-        self,
-        device: B::Device,
-        name: &'static str,
-        gpu: bool,
-    ) -> Self::Output;
-}
-
-/// Work generic over the backend on several devices of it (data-parallel training).
+/// Work generic over the backend (closures cannot be), on one or several devices of it.
 pub trait MultiDeviceTask {
     /// What the work returns.
     type Output;
@@ -67,38 +53,11 @@ pub trait MultiDeviceTask {
     ) -> Self::Output;
 }
 
-/// A one-device task run through [`dispatch_devices`].
-struct OneDevice<T>(T);
-
-impl<T: BackendTask> MultiDeviceTask for OneDevice<T> {
-    type Output = T::Output;
-    fn run<B: AutodiffBackend>(
-        self,
-        devices: Vec<B::Device>,
-        name: &'static str,
-        gpu: bool,
-    ) -> Self::Output {
-        let device = devices
-            .into_iter()
-            .next()
-            .expect("dispatch asks for one device");
-        self.0.run::<B>(device, name, gpu)
-    }
-}
-
-/// Runs `task` on the chosen backend's default device, printing the choice.
-///
-/// # Errors
-/// If the chosen backend was not compiled in, or (CUDA) no device answers.
-pub fn dispatch<T: BackendTask>(choice: BackendChoice, task: T) -> Result<T::Output, String> {
-    dispatch_devices(choice, 1, OneDevice(task))
-}
-
 /// Runs `task` on `count` devices of the chosen backend, printing the choice. One device is the
 /// backend's default one; several are CUDA devices `0..count` (`CudaDevice::new(i)`) or WGPU's
 /// discrete GPUs `0..count` (`WgpuDevice::DiscreteGpu(i)`). On a CPU backend (Flex, NdArray)
-/// they are its one device named `count` times: `count` worker threads sharing the cores, which
-/// is faster than one because Flex runs its elementwise kernels on one thread.
+/// they are its one device named `count` times: `count` workers sharing the cores, which is
+/// faster than one because Flex runs its elementwise kernels on one thread.
 ///
 /// # Errors
 /// `count` 0; the chosen backend not compiled in; (CUDA, WGPU) a device that does not answer.
@@ -137,8 +96,8 @@ fn cpu_workers(count: usize) -> String {
     let threads = rayon::current_num_threads();
     match count {
         1 if threads > 1 => format!(
-            "{threads} threads; --devices {threads} would run {threads} data-parallel workers, \
-             usually faster on a CPU: see docs/performance.md"
+            "{threads} threads; --devices N runs N data-parallel workers, faster on a CPU \
+             (2 on 2 cores measured: docs/performance.md; N must divide the batch size)"
         ),
         1 => format!("{threads} threads"),
         n => format!("{threads} threads; {n} data-parallel workers share them"),

@@ -1,5 +1,5 @@
-//! Data parallelism: a batch's gradient computed in shards, one thread per device, and summed on
-//! the main device.
+//! Data parallelism: a batch's gradient computed in shards, one per device, at once on the threads
+//! of rayon's pool, and summed on the main device.
 //!
 //! Several devices may be one device named several times: on a CPU backend, `N` copies of its
 //! device are `N` workers sharing the CPU. That pays because Flex runs its matrix products
@@ -14,6 +14,10 @@ use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{ElementConversion, Tensor};
 use coupled_qk::model::Gpt;
+use std::sync::Mutex;
+
+/// A shard's loss value and gradients, or its non-finite loss value.
+type ShardResult = Result<(f64, GradientsParams), f64>;
 
 /// Forward and backward of one micro-batch over `devices`: the micro-batch's mean token loss and
 /// the gradient of `loss / grad_accum` (what the training loop accumulates), on the main device
@@ -63,14 +67,17 @@ pub fn batch_gradients<B: AutodiffBackend>(
 /// sum of the shards' loss values (before the division). `Err` holds a non-finite loss value,
 /// whose backward is skipped.
 ///
-/// Every shard runs as a task of rayon's global thread pool, with its own clone of `module`
-/// forked to its device (the same parameter ids, its own autodiff graph). Pool threads live as
-/// long as the process, so their allocator caches do too: a thread spawned per micro-batch made
-/// the allocator fault fresh pages in at every step (11% of a profile of the torch-small step;
-/// the pool was faster in each of three interleaved runs, docs/performance.md). The shards'
-/// gradients are moved to `devices[0]` and summed there in device order, so the result does not
-/// depend on which task finishes first. A device may appear more than once (workers sharing one
-/// device). With more devices than pool threads some shards wait for a thread.
+/// The shards run on the threads of rayon's global pool, shard `k` on thread `k mod T` (`T`
+/// threads), each with its own clone of `module` forked to its device (the same parameter ids,
+/// its own autodiff graph); with more devices than threads a thread runs its shards one after
+/// another. Pool threads live as long as the process, so their allocator caches do too: a
+/// thread spawned per micro-batch made the allocator fault fresh pages in at every step (11% of a
+/// profile of the torch-small step; the pool was faster in each of three interleaved runs,
+/// docs/performance.md). The shards' gradients are moved to `devices[0]` and summed there in
+/// device order, so the result does not depend on which shard finishes first. A device may
+/// appear more than once (workers sharing one device). The kernels inside a shard may use the
+/// pool too (Flex's matrix products do). Call it from a thread outside rayon's pool, as the
+/// training loops do: inside a pool task, the caller's thread would run a shard nested in it.
 ///
 /// # Panics
 /// If `shards` and `devices` differ in length or are empty; a worker's panic is passed on.
@@ -110,20 +117,29 @@ where
     // Burn creates weights lazily, and a clone of a not-yet-created weight draws its own: reading
     // every weight once (`num_params` does) makes the forks copies of this module.
     let _ = module.num_params();
-    let mut results: Vec<Option<Result<(f64, GradientsParams), f64>>> =
-        (0..devices.len()).map(|_| None).collect();
-    let forks: Vec<M> = devices.iter().map(|_| module.clone()).collect();
-    rayon::scope(|scope| {
-        for (((device, shard), slot), module) in
-            devices.iter().zip(shards).zip(&mut results).zip(forks)
-        {
-            let one = &one;
-            scope.spawn(move |_| *slot = Some(one(&module.fork(device), shard, device)));
+    // One broadcast job per pool thread; thread `t` of `T` takes shards t, t + T, …. A broadcast
+    // job runs only on its own thread and is never stolen, so a thread waiting inside one shard's
+    // kernels cannot start another shard nested on its stack: that would deadlock on Burn's
+    // autodiff graph locks (a backward pass holds its graph's lock, and its end locks the others).
+    let forks: Vec<Mutex<Option<M>>> = devices
+        .iter()
+        .map(|_| Mutex::new(Some(module.clone())))
+        .collect();
+    let slots: Vec<Mutex<Option<ShardResult>>> = devices.iter().map(|_| Mutex::new(None)).collect();
+    rayon::broadcast(|context| {
+        for k in (context.index()..devices.len()).step_by(context.num_threads()) {
+            let fork = forks[k]
+                .lock()
+                .unwrap()
+                .take()
+                .expect("each shard runs once");
+            let result = one(&fork.fork(&devices[k]), &shards[k], &devices[k]);
+            *slots[k].lock().unwrap() = Some(result);
         }
     });
-    let results: Vec<_> = results
+    let results: Vec<ShardResult> = slots
         .into_iter()
-        .map(|r| r.expect("every shard ran"))
+        .map(|slot| slot.into_inner().unwrap().expect("every shard ran"))
         .collect();
     let mut sum = GradientsAccumulator::<M>::new();
     let mut values = 0.0;

@@ -122,7 +122,8 @@ pub fn train_with<B: AutodiffBackend>(
 ///
 /// Every micro-batch's `batch_size` rows are split into `devices.len()` equal shards (so
 /// `batch_size` must be divisible by the device count); each device runs forward and backward on
-/// its shard with a fork of the model, all at once (one thread per device), its loss scaled so
+/// its shard with a fork of the model, at once on the threads of rayon's pool
+/// ([`sharded_gradients`](super::sharded_gradients)), its loss scaled so
 /// that the shards' gradients sum to the one-device gradient of the whole micro-batch. The
 /// gradients are moved to the main device, `devices[0]`, and summed there; clipping and the
 /// AdamW step then run once, on the main device, which also holds the optimiser state, evaluates

@@ -88,6 +88,16 @@ impl Sweep {
         for &(seq_len, kv_pairs) in &self.tasks {
             MqarTask::new(self.vocab, seq_len, kv_pairs).validate()?;
         }
+        if self.batch_size == 0 || self.train_examples < self.batch_size {
+            return Err(format!(
+                "batch size {} must be at least 1 and at most the {} training examples: \
+                 change --batch-size or --train-examples",
+                self.batch_size, self.train_examples
+            ));
+        }
+        if self.eval_every == 0 {
+            return Err("evaluating every 0 steps: give a positive interval".into());
+        }
         for &d in &self.d_models {
             if d % self.n_heads != 0 {
                 return Err(format!(

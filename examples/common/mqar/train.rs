@@ -151,13 +151,13 @@ pub fn train<B: AutodiffBackend>(
     devices: &[B::Device],
     progress: &ProgressBar,
 ) -> TrainOutcome {
-    let device = &devices[0];
     assert!(
-        run.batch_size.is_multiple_of(devices.len()),
+        !devices.is_empty() && run.batch_size.is_multiple_of(devices.len()),
         "batch size {} does not split over {} devices",
         run.batch_size,
         devices.len()
     );
+    let device = &devices[0];
     let started = Instant::now();
     B::seed(device, run.seed);
     // Disjoint seeds for the two sets.
