@@ -364,8 +364,50 @@ mod tests {
             let f = dynamics.coupling.as_ref().unwrap();
             let dt = dynamics.step_size.as_ref().unwrap();
             let force = |q: Tensor<Ad, 4>| f.forward(q);
-            let by_hand = integrate(integrator.as_ref(), q, k, dt.broadcast(), &force, *steps);
+            let by_hand = integrate(
+                integrator.as_ref(),
+                q.clone(),
+                k.clone(),
+                dt.broadcast(),
+                &force,
+                *steps,
+            );
             let what = format!("per_head_dt {per_head_dt}, n_nets {n_nets}, {config:?}");
+            // The update rules written out, with dt broadcast over the head axis: a reference
+            // that shares no code with the layer's path or with `integrate`.
+            let dt4 = {
+                let dt = dt.dt.val();
+                let heads = dt.dims()[0];
+                dt.reshape([1, 1, heads, 1])
+            };
+            let (mut q_ref, mut k_ref) = (q.clone(), k.clone());
+            let DynamicsConfig::Coupled {
+                integrator: kind, ..
+            } = config
+            else {
+                unreachable!()
+            };
+            for _ in 0..*steps {
+                (q_ref, k_ref) = match kind {
+                    IntegratorKind::Euler => (
+                        q_ref.clone() + dt4.clone() * k_ref.clone(),
+                        k_ref + dt4.clone() * f.forward(q_ref),
+                    ),
+                    IntegratorKind::Leapfrog => {
+                        let half = dt4.clone() / 2.0;
+                        let k_half = k_ref + half.clone() * f.forward(q_ref.clone());
+                        let q_next = q_ref + dt4.clone() * k_half.clone();
+                        let k_next = k_half + half * f.forward(q_next.clone());
+                        (q_next, k_next)
+                    }
+                };
+            }
+            for (got, expected) in [(&q1, &q_ref), (&k1, &k_ref)] {
+                got.clone().inner().into_data().assert_approx_eq::<f32>(
+                    &expected.clone().inner().into_data(),
+                    Tolerance::rel_abs(1e-5, 1e-6),
+                );
+            }
             for (got, expected) in [(&q1, &by_hand.q), (&k1, &by_hand.k)] {
                 got.clone().inner().into_data().assert_approx_eq::<f32>(
                     &expected.clone().inner().into_data(),
