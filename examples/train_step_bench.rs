@@ -218,8 +218,6 @@ fn layer_step<'a, B: AutodiffBackend>(
     let device = &devices[0];
     B::seed(device, 0);
     let (rows, seq) = (shape.batch, shape.seq);
-    // Each worker's rows.
-    let shard = rows / devices.len();
     match contender {
         Contender::Crate(AttentionVariant::Dynamics(dynamics)) => {
             let layer = CoupledQkAttentionConfig::new(576, 9)
@@ -231,7 +229,8 @@ fn layer_step<'a, B: AutodiffBackend>(
         Contender::BurnMha => {
             let layer = MultiHeadAttentionConfig::new(576, 9).init::<B>(device);
             let forward = move |l: &burn::nn::attention::MultiHeadAttention<B>, x: Tensor<B, 3>| {
-                let mask = generate_autoregressive_mask::<B>(shard, seq, &x.device());
+                let [batch, seq, _] = x.dims(); // a worker's shard
+                let mask = generate_autoregressive_mask::<B>(batch, seq, &x.device());
                 l.forward(MhaInput::self_attn(x).mask_attn(mask)).context
             };
             Some(train_layer(layer, forward, rows, seq, devices))
