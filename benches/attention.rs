@@ -12,7 +12,7 @@ use coupled_qk::{CoupledQkAttentionConfig, DynamicsConfig};
 use criterion::Criterion;
 use std::time::Duration;
 
-// As in the example programs (examples/common/alloc.rs): glibc's malloc maps and unmaps every
+// As in the example programs (lab/src/alloc.rs): glibc's malloc maps and unmaps every
 // large tensor, and the page faults would dominate the figures.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -22,14 +22,14 @@ const SEQ: usize = 256;
 const D_MODEL: usize = 512;
 const HEADS: usize = 8;
 
-fn variants() -> Vec<(&'static str, DynamicsConfig)> {
-    vec![
-        ("standard", DynamicsConfig::Standard),
-        ("mlp-only", DynamicsConfig::MlpOnly),
-        ("euler-1", DynamicsConfig::euler(1)),
-        ("euler-3", DynamicsConfig::euler(3)),
-        ("leapfrog-1", DynamicsConfig::leapfrog(1)),
-        ("leapfrog-3", DynamicsConfig::leapfrog(3)),
+fn variants() -> [DynamicsConfig; 6] {
+    [
+        DynamicsConfig::Standard,
+        DynamicsConfig::MlpOnly,
+        DynamicsConfig::euler(1),
+        DynamicsConfig::euler(3),
+        DynamicsConfig::leapfrog(1),
+        DynamicsConfig::leapfrog(3),
     ]
 }
 
@@ -39,12 +39,13 @@ type Layer<B> = Box<dyn Fn(Tensor<B, 3>) -> Tensor<B, 3>>;
 /// Every layer under test, by name.
 fn layers<B: Backend>(device: &B::Device) -> Vec<(String, Layer<B>)> {
     let mut out: Vec<(String, Layer<B>)> = Vec::new();
-    for (name, dynamics) in variants() {
+    for dynamics in variants() {
+        let name = dynamics.to_string();
         let layer = CoupledQkAttentionConfig::new(D_MODEL, HEADS)
             .with_dynamics(dynamics)
             .with_causal(true)
             .init::<B>(device);
-        out.push((name.to_string(), Box::new(move |x| layer.forward(x))));
+        out.push((name, Box::new(move |x| layer.forward(x))));
     }
     let mha = MultiHeadAttentionConfig::new(D_MODEL, HEADS)
         .with_dropout(0.0)

@@ -194,7 +194,7 @@ mod tests {
 
     #[test]
     fn shared_net_has_the_papers_parameter_count() {
-        // 64·64·2 + 64 + 64 per layer (DESIGN §1).
+        // 64·64·2 + 64 + 64 per layer: one net shared by the heads, d_head → d_head → d_head.
         let net = CouplingNetConfig::new(64).init::<TestBackend>(&Default::default());
         assert_eq!(net.num_params(), 64 * 64 * 2 + 64 + 64);
     }

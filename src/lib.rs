@@ -48,10 +48,10 @@ pub use attention::{
     DifferentialAttention, DifferentialAttentionConfig, RotaryConfig, RotaryPosition,
 };
 pub use coupling::{CouplingNet, CouplingNetConfig};
-pub use dynamics::{DynamicsConfig, QkDynamics, Scheme};
+pub use dynamics::{CoupledDynamics, DynamicsConfig, Identity, QkDynamics};
 pub use error::ConfigError;
 pub use integrator::{Euler, Integrator, IntegratorKind, Leapfrog, PhaseSpace};
-pub use model::{AttentionKind, AttentionVariant};
+pub use model::AttentionVariant;
 pub use step_size::{StepSize, StepSizeConfig};
 
 /// The README's examples, compiled and run as doctests.

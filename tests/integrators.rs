@@ -1,4 +1,4 @@
-//! The integrators' mathematical invariants (DESIGN §2) and reference values.
+//! The integrators' mathematical invariants and reference values.
 
 mod common;
 

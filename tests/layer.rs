@@ -8,7 +8,7 @@ use common::*;
 use coupled_qk::integrator::{Integrator, PhaseSpace};
 use coupled_qk::{
     AttentionInput, CoupledQkAttention, CoupledQkAttentionConfig, CoupledQkCache, DynamicsConfig,
-    QkDynamics, RotaryConfig, RotaryPosition, Scheme, StepSizeConfig,
+    Identity, QkDynamics, RotaryConfig, RotaryPosition, StepSizeConfig,
 };
 use proptest::prelude::*;
 use std::sync::Arc;
@@ -61,11 +61,7 @@ fn layer(
 /// The same projections with standard attention.
 fn as_standard(layer: &CoupledQkAttention<B>) -> CoupledQkAttention<B> {
     CoupledQkAttention {
-        dynamics: QkDynamics {
-            coupling: None,
-            step_size: None,
-            scheme: Scheme::Standard,
-        },
+        dynamics: QkDynamics::Standard(Identity),
         ..layer.clone()
     }
 }
@@ -91,7 +87,8 @@ proptest! {
     fn zero_dt_is_standard_attention(seed in 0u64..1000, batch in 1usize..3, seq in 1usize..9, steps in 1usize..4) {
         for integrator in [DynamicsConfig::euler(steps), DynamicsConfig::leapfrog(steps)] {
             let mut coupled = layer(integrator, None, seed);
-            let dt = coupled.dynamics.step_size.as_mut().unwrap();
+            let QkDynamics::Coupled(dynamics) = &mut coupled.dynamics else { unreachable!() };
+            let dt = &mut dynamics.step_size;
             dt.dt = Param::from_tensor(dt.dt.val().zeros_like());
             let x = random([batch, seq, 16], seed + 1);
             assert_equal(coupled.forward(x.clone()), as_standard(&coupled).forward(x));
@@ -102,7 +99,7 @@ proptest! {
     #[test]
     fn mlp_only_with_zero_output_layer_is_standard_attention(seed in 0u64..1000, seq in 1usize..9) {
         let mut mlp = layer(DynamicsConfig::MlpOnly, None, seed);
-        let net = mlp.dynamics.coupling.as_mut().unwrap();
+        let QkDynamics::MlpOnly(net) = &mut mlp.dynamics else { unreachable!() };
         net.w2 = Param::from_tensor(net.w2.val().zeros_like());
         net.b2 = Param::from_tensor(net.b2.val().zeros_like());
         let x = random([2, seq, 16], seed + 1);
@@ -254,7 +251,7 @@ fn a_fixed_dt_gets_no_gradient_and_a_learned_one_does() {
             .init::<Autodiff<B>>(&device);
         let x = Tensor::random([1, 3, 16], Distribution::Default, &device);
         let grads = layer.forward(x).sum().backward();
-        let dt = &layer.dynamics.step_size.as_ref().unwrap().dt;
+        let dt = &layer.dynamics.step_size().unwrap().dt;
         assert_eq!(dt.dims(), [2]);
         assert_eq!(dt.grad(&grads).is_some(), learned, "learned = {learned}");
     }

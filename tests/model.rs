@@ -3,9 +3,7 @@
 use burn::module::Module;
 use burn::tensor::{Int, Tensor, TensorData};
 use coupled_qk::DynamicsConfig;
-use coupled_qk::model::{
-    AttentionKind, AttentionVariant, BlockAttention, Gpt, GptConfig, Positions, Preset,
-};
+use coupled_qk::model::{AttentionVariant, BlockAttention, Gpt, GptConfig, Positions, Preset};
 
 type B = burn::backend::Flex;
 
@@ -22,7 +20,7 @@ fn the_60m_preset_has_60m_parameters_and_the_coupling_adds_0_11_percent() {
     let config = GptConfig::preset(Preset::M60, GPT2_VOCAB);
     let standard = config
         .clone()
-        .with_dynamics(DynamicsConfig::Standard)
+        .with_attention(DynamicsConfig::Standard.into())
         .init::<B>(&Default::default());
     let (d, layers, context) = (576, 8, 512);
     let expected = GPT2_VOCAB * d + context * d + layers * block_params(d) + 2 * d;
@@ -51,7 +49,7 @@ fn presets_have_the_documented_shapes() {
             "{preset:?}"
         );
         assert_eq!(
-            c.attention().d_head(),
+            c.coupled_attention(&DynamicsConfig::Standard).d_head(),
             if preset == Preset::Tiny { 32 } else { 64 }
         );
     }
@@ -133,7 +131,7 @@ fn a_too_long_sequence_names_the_context() {
 // Differential attention in the GPT.
 
 fn diff(config: GptConfig) -> GptConfig {
-    config.with_variant(AttentionVariant::Differential)
+    config.with_attention(AttentionVariant::Differential)
 }
 
 #[test]
@@ -188,7 +186,7 @@ fn a_differential_gpt_has_the_standard_parameters_plus_the_lambdas_and_norms() {
     let config = GptConfig::preset(Preset::Tiny, 256);
     let standard = config
         .clone()
-        .with_dynamics(DynamicsConfig::Standard)
+        .with_attention(DynamicsConfig::Standard.into())
         .init::<B>(&device);
     let differential = diff(config).init::<B>(&device);
     // 4 layers × (4 λ vectors of d_map = 32 + a norm weight of 2·32).
@@ -210,60 +208,38 @@ fn differential_causality() {
 }
 
 #[test]
-fn variants_select_the_attention_and_read_back() {
+fn the_attention_variant_is_one_field_that_round_trips_through_json() {
     let base = GptConfig::preset(Preset::Tiny, 256);
-    assert_eq!(base.attention, AttentionKind::Coupled);
     assert_eq!(
-        base.variant(),
-        AttentionVariant::Dynamics(DynamicsConfig::euler(1))
-    );
-    let variant: AttentionVariant = "diff".parse().unwrap();
-    assert_eq!(variant, AttentionVariant::Differential);
-    let d = base.clone().with_variant(variant.clone());
-    assert_eq!(
-        (d.attention, &d.dynamics),
-        (AttentionKind::Differential, &DynamicsConfig::Standard)
-    );
-    assert_eq!(d.variant(), variant);
-    // And back.
-    let l = d.with_variant("leapfrog".parse().unwrap());
-    assert_eq!(
-        (l.attention, &l.dynamics),
-        (AttentionKind::Coupled, &DynamicsConfig::leapfrog(1))
+        base.attention,
+        AttentionVariant::Coupled(DynamicsConfig::euler(1))
     );
     for name in AttentionVariant::NAMES {
-        let v: AttentionVariant = name.parse().unwrap();
-        assert_eq!(base.clone().with_variant(v.clone()).variant(), v, "{name}");
+        let variant: AttentionVariant = name.parse().unwrap();
+        let config = base.clone().with_attention(variant.clone());
+        let json = serde_json::to_string(&config).unwrap();
+        assert!(
+            json.contains(&format!(r#""attention":"{variant}""#)),
+            "{json}"
+        );
+        let back: GptConfig = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.attention, variant, "{name}");
+        assert_eq!(serde_json::to_string(&back).unwrap(), json);
     }
-    // Differential attention with dynamics is refused, naming the field.
-    let both = GptConfig {
-        attention: AttentionKind::Differential,
-        ..base
-    };
-    let err = both.validate().unwrap_err();
-    assert_eq!(err.field, "dynamics");
-    assert!(err.to_string().contains("with_variant"), "{err}");
+    let mut json = serde_json::to_value(&base).unwrap();
+    json["attention"] = "rk4".into();
+    let err = serde_json::from_value::<GptConfig>(json).unwrap_err();
+    assert!(err.to_string().contains("`rk4`"), "{err}");
 }
 
 #[test]
-fn a_differential_config_round_trips_through_json_and_old_json_parses_as_coupled() {
-    let config = diff(GptConfig::preset(Preset::Tiny, 256));
-    let json = serde_json::to_string(&config).unwrap();
-    assert!(json.contains(r#""attention":"differential""#), "{json}");
-    let back: GptConfig = serde_json::from_str(&json).unwrap();
-    assert_eq!(back.variant(), AttentionVariant::Differential);
-    assert_eq!(serde_json::to_string(&back).unwrap(), json);
-
-    // A config written before the `attention` field existed.
-    let mut old: serde_json::Value = serde_json::to_value(
-        GptConfig::preset(Preset::Tiny, 256).with_dynamics(DynamicsConfig::leapfrog(2)),
-    )
-    .unwrap();
-    assert!(old.as_object_mut().unwrap().remove("attention").is_some());
-    let parsed: GptConfig = serde_json::from_value(old).unwrap();
-    assert_eq!(parsed.attention, AttentionKind::Coupled);
-    assert_eq!(
-        parsed.variant(),
-        AttentionVariant::Dynamics(DynamicsConfig::leapfrog(2))
-    );
+fn each_variant_builds_its_layer() {
+    let device = Default::default();
+    for (name, differential) in [("standard", false), ("leapfrog2", false), ("diff", true)] {
+        let model = GptConfig::new(32, 16, 1, 2, 8)
+            .with_attention(name.parse().unwrap())
+            .init::<B>(&device);
+        let built = matches!(model.blocks[0].attention, BlockAttention::Differential(_));
+        assert_eq!(built, differential, "{name}");
+    }
 }

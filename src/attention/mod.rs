@@ -1,13 +1,15 @@
-//! The attention layers and their parts: coupled QK attention (with the standard and MLP-only
-//! baselines) and differential attention.
+//! The attention layers: coupled QK attention (with the standard and MLP-only baselines) and
+//! differential attention. Both take an [`AttentionInput`], score with one scaled dot-product
+//! function (`sdpa`) and build their masks with one mask builder (`mask`).
 
-mod cache;
-mod config;
+mod coupled;
 mod differential;
-mod layer;
-mod scores;
+mod input;
+mod mask;
+mod rotary;
+mod sdpa;
 
-pub use cache::CoupledQkCache;
-pub use config::{CoupledQkAttentionConfig, RotaryConfig, RotaryPosition};
+pub use coupled::{CoupledQkAttention, CoupledQkAttentionConfig, CoupledQkCache};
 pub use differential::{DifferentialAttention, DifferentialAttentionConfig};
-pub use layer::{AttentionInput, CoupledQkAttention};
+pub use input::AttentionInput;
+pub use rotary::{RotaryConfig, RotaryPosition};

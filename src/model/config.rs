@@ -1,5 +1,5 @@
 use super::gpt::{Block, BlockAttention, Gpt, Mlp, Norm};
-use super::variant::{AttentionKind, AttentionVariant};
+use super::variant::AttentionVariant;
 use crate::attention::{
     CoupledQkAttentionConfig, DifferentialAttentionConfig, RotaryConfig, RotaryPosition,
 };
@@ -79,15 +79,10 @@ pub struct GptConfig {
     pub n_heads: usize,
     /// The longest sequence the model reads.
     pub context: usize,
-    /// The dynamics of every block's coupled attention layer (standard, MLP-only, Euler,
-    /// leapfrog). Must be `Standard` with differential attention.
-    #[config(default = "DynamicsConfig::default()")]
-    pub dynamics: DynamicsConfig,
-    /// The attention layer of every block: coupled QK attention with `dynamics` (default) or
-    /// differential attention. [`with_variant`](Self::with_variant) sets it and `dynamics`
-    /// together. Configs written before this field existed parse as `Coupled`.
-    #[config(default = "AttentionKind::Coupled")]
-    pub attention: AttentionKind,
+    /// The attention layer of every block: coupled QK attention with its dynamics (default: one
+    /// Euler step), a baseline, or differential attention.
+    #[config(default = "AttentionVariant::default()")]
+    pub attention: AttentionVariant,
     /// The step size of the coupled variants.
     #[config(default = "StepSizeConfig::new()")]
     pub dt: StepSizeConfig,
@@ -131,38 +126,10 @@ impl GptConfig {
         Self::new(vocab_size, d_model, n_layers, n_heads, context)
     }
 
-    /// The same config with the attention variant `variant`: a [`DynamicsConfig`] sets
-    /// `attention = Coupled` and `dynamics`; [`AttentionVariant::Differential`] sets
-    /// `attention = Differential` and `dynamics = Standard`. The other fields are kept.
-    pub fn with_variant(self, variant: AttentionVariant) -> Self {
-        match variant {
-            AttentionVariant::Dynamics(dynamics) => Self {
-                attention: AttentionKind::Coupled,
-                dynamics,
-                ..self
-            },
-            AttentionVariant::Differential => Self {
-                attention: AttentionKind::Differential,
-                dynamics: DynamicsConfig::Standard,
-                ..self
-            },
-        }
-    }
-
-    /// The attention variant of the blocks: `Differential` when `attention` is, else the
-    /// coupled layer's `dynamics`.
-    pub fn variant(&self) -> AttentionVariant {
-        match self.attention {
-            AttentionKind::Coupled => AttentionVariant::Dynamics(self.dynamics.clone()),
-            AttentionKind::Differential => AttentionVariant::Differential,
-        }
-    }
-
-    /// The config of every block's coupled attention layer (used when `attention` is
-    /// `Coupled`).
-    pub fn attention(&self) -> CoupledQkAttentionConfig {
+    /// The config of every block's coupled attention layer, with these dynamics.
+    pub fn coupled_attention(&self, dynamics: &DynamicsConfig) -> CoupledQkAttentionConfig {
         CoupledQkAttentionConfig::new(self.d_model, self.n_heads)
-            .with_dynamics(self.dynamics.clone())
+            .with_dynamics(dynamics.clone())
             .with_dt(self.dt.clone())
             .with_coupling_hidden(self.coupling_hidden)
             .with_rotary(self.rotary())
@@ -184,8 +151,7 @@ impl GptConfig {
         }
     }
 
-    /// The config of block `layer_index`'s differential attention layer (used when `attention`
-    /// is `Differential`); see [`differential_heads`](Self::differential_heads).
+    /// The config of block `layer_index`'s differential attention layer; see [`differential_heads`](Self::differential_heads).
     pub fn differential_attention(&self, layer_index: usize) -> DifferentialAttentionConfig {
         DifferentialAttentionConfig::new(self.d_model, self.differential_heads())
             .with_layer_index(layer_index)
@@ -211,20 +177,9 @@ impl GptConfig {
                 return Err(ConfigError::new(NAME, field, 0, "must be at least 1"));
             }
         }
-        match self.attention {
-            AttentionKind::Coupled => self.attention().validate(),
-            AttentionKind::Differential => {
-                if self.dynamics != DynamicsConfig::Standard {
-                    return Err(ConfigError::new(
-                        NAME,
-                        "dynamics",
-                        self.dynamics.name(),
-                        "differential attention has no dynamics: set it to standard \
-                         (GptConfig::with_variant does)",
-                    ));
-                }
-                self.differential_attention(0).validate()
-            }
+        match &self.attention {
+            AttentionVariant::Coupled(dynamics) => self.coupled_attention(dynamics).validate(),
+            AttentionVariant::Differential => self.differential_attention(0).validate(),
         }
     }
 
@@ -242,13 +197,13 @@ impl GptConfig {
                 .with_initializer(residual.clone())
                 .init(device)
         };
-        Ok(match self.attention {
-            AttentionKind::Coupled => {
-                let mut attention = self.attention().try_init(device)?;
+        Ok(match &self.attention {
+            AttentionVariant::Coupled(dynamics) => {
+                let mut attention = self.coupled_attention(dynamics).try_init(device)?;
                 attention.output = output();
                 BlockAttention::Coupled(attention)
             }
-            AttentionKind::Differential => {
+            AttentionVariant::Differential => {
                 let mut attention = self.differential_attention(layer_index).try_init(device)?;
                 attention.output = output();
                 BlockAttention::Differential(attention)

@@ -8,4 +8,4 @@ mod variant;
 pub use config::{GptConfig, NormKind, Positions, Preset};
 pub use gpt::{Block, BlockAttention, Gpt, Mlp, Norm};
 pub use loss::masked_cross_entropy;
-pub use variant::{AttentionKind, AttentionVariant};
+pub use variant::AttentionVariant;

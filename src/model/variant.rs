@@ -1,89 +1,59 @@
-//! Which attention a GPT uses: the one type experiment programs select variants by.
+//! [`AttentionVariant`]: which attention a GPT's blocks use, and the one parser and printer of
+//! variant names.
 
 use crate::dynamics::DynamicsConfig;
-use crate::integrator::IntegratorKind;
-use serde::{Deserialize, Deserializer, Serialize};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::fmt;
 use std::str::FromStr;
 
-/// The attention layer of a GPT's blocks: the field [`GptConfig::attention`](super::GptConfig).
+/// The attention layer of a GPT's blocks: the field [`GptConfig::attention`](super::GptConfig)
+/// and the name every program, report and run folder uses.
 ///
-/// Serialised as `"coupled"` or `"differential"`. A config written before the field existed has
-/// no `attention` key: it deserialises as [`Coupled`](Self::Coupled) (from JSON, or any
-/// self-describing format; the field is read as an optional value).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum AttentionKind {
-    /// [`CoupledQkAttention`](crate::CoupledQkAttention) with the config's `dynamics` (the
-    /// standard and MLP-only baselines included).
-    #[default]
-    Coupled,
-    /// [`DifferentialAttention`](crate::DifferentialAttention) (Ye et al. 2024).
-    Differential,
-}
-
-impl<'de> Deserialize<'de> for AttentionKind {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(rename_all = "kebab-case")]
-        enum Repr {
-            Coupled,
-            Differential,
-        }
-        // Burn's `Config` derive gives its fields no `#[serde(default)]`; a missing field is read
-        // through `deserialize_option` as `None`, which is what makes old configs parse.
-        Ok(match Option::<Repr>::deserialize(deserializer)? {
-            None | Some(Repr::Coupled) => Self::Coupled,
-            Some(Repr::Differential) => Self::Differential,
-        })
-    }
-}
-
-/// An attention variant as experiment programs name it: a [`DynamicsConfig`] of the coupled
-/// layer (standard, MLP-only, Euler, leapfrog) or differential attention.
-///
-/// Parsed from `standard`, `mlp-only`, `euler`, `leapfrog` (alias `hamiltonian`) and `diff`
-/// (alias `differential`), with one integrator step; [`name`](Self::name) and `Display` give the
-/// name back (without the step count). Serialised like [`DynamicsConfig`] (`{"kind": "standard"}`,
-/// `{"kind": "coupled", "integrator": "euler", "steps": 1}`, …), differential attention as
-/// `{"kind": "differential"}`. [`GptConfig::with_variant`](super::GptConfig::with_variant) applies
-/// one to a model config and [`GptConfig::variant`](super::GptConfig::variant) reads it back.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(from = "VariantRepr", into = "VariantRepr")]
+/// Named (by [`Display`](fmt::Display) and [`FromStr`], and serialised as that name) by the
+/// [`DynamicsConfig`] of the coupled layer, `standard`, `mlp-only`, `euler1`, `leapfrog3`, …, or
+/// `diff` for differential attention. Parsing takes the aliases of [`DynamicsConfig`] (`euler`
+/// for one step, `hamiltonian`) and `differential`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum AttentionVariant {
-    /// Coupled QK attention with these dynamics.
-    Dynamics(DynamicsConfig),
-    /// Differential attention (Ye et al. 2024, V1).
+    /// [`CoupledQkAttention`](crate::CoupledQkAttention) with these dynamics (the standard and
+    /// MLP-only baselines included).
+    Coupled(DynamicsConfig),
+    /// [`DifferentialAttention`](crate::DifferentialAttention) (Ye et al. 2024, V1).
     Differential,
 }
 
 impl burn::config::Config for AttentionVariant {}
 
-impl AttentionVariant {
-    /// Every name [`FromStr`] takes (aliases aside), in the order of the paper's table.
-    pub const NAMES: [&'static str; 5] = ["standard", "mlp-only", "euler", "leapfrog", "diff"];
-
-    /// The command-line name: `standard`, `mlp-only`, `euler`, `leapfrog` or `diff`.
-    pub fn name(&self) -> &'static str {
-        match self {
-            Self::Dynamics(dynamics) => dynamics.name(),
-            Self::Differential => "diff",
-        }
+impl Default for AttentionVariant {
+    /// One forward-Euler step, the paper's best 60M result.
+    fn default() -> Self {
+        Self::Coupled(DynamicsConfig::default())
     }
+}
+
+impl AttentionVariant {
+    /// The names [`FromStr`] takes, as a user would write them (`euler` and `leapfrog` take a step
+    /// count: `euler3`), in the order of the paper's table.
+    pub const NAMES: [&'static str; 5] = ["standard", "mlp-only", "euler", "leapfrog", "diff"];
 
     /// The dynamics of the coupled layer; `None` for differential attention.
     pub fn dynamics(&self) -> Option<&DynamicsConfig> {
         match self {
-            Self::Dynamics(dynamics) => Some(dynamics),
+            Self::Coupled(dynamics) => Some(dynamics),
             Self::Differential => None,
         }
+    }
+
+    /// Whether the variant integrates coupled dynamics (and so takes a step count).
+    pub fn is_integrated(&self) -> bool {
+        matches!(self, Self::Coupled(DynamicsConfig::Coupled { .. }))
     }
 
     /// The same variant with `steps` integrator steps (see [`DynamicsConfig::with_steps`]);
     /// the variants without an integrator are unchanged.
     pub fn with_steps(self, steps: usize) -> Self {
         match self {
-            Self::Dynamics(dynamics) => Self::Dynamics(dynamics.with_steps(steps)),
+            Self::Coupled(dynamics) => Self::Coupled(dynamics.with_steps(steps)),
             other => other,
         }
     }
@@ -91,7 +61,16 @@ impl AttentionVariant {
 
 impl From<DynamicsConfig> for AttentionVariant {
     fn from(dynamics: DynamicsConfig) -> Self {
-        Self::Dynamics(dynamics)
+        Self::Coupled(dynamics)
+    }
+}
+
+impl fmt::Display for AttentionVariant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Coupled(dynamics) => dynamics.fmt(f),
+            Self::Differential => f.write_str("diff"),
+        }
     }
 }
 
@@ -101,67 +80,31 @@ impl FromStr for AttentionVariant {
     fn from_str(name: &str) -> Result<Self, String> {
         match name {
             "diff" | "differential" => Ok(Self::Differential),
-            other => other
-                .parse::<DynamicsConfig>()
-                .map(Self::Dynamics)
-                .map_err(|_| {
+            other => other.parse().map(Self::Coupled).map_err(|err: String| {
+                if err.starts_with("unknown") {
                     format!(
-                        "unknown attention variant `{other}`: expected standard, mlp-only, euler, \
-                     leapfrog (or hamiltonian) or diff (or differential)"
+                        "unknown attention variant `{other}`: expected one of {} (euler and \
+                         leapfrog with an optional step count, e.g. euler3)",
+                        Self::NAMES.join(", ")
                     )
-                }),
+                } else {
+                    err
+                }
+            }),
         }
     }
 }
 
-impl fmt::Display for AttentionVariant {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
+impl Serialize for AttentionVariant {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
     }
 }
 
-/// The serialised form: [`DynamicsConfig`]'s, plus `differential`.
-#[derive(Clone, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "kebab-case")]
-enum VariantRepr {
-    Standard,
-    MlpOnly,
-    Coupled {
-        integrator: IntegratorKind,
-        #[serde(default = "one")]
-        steps: usize,
-    },
-    #[serde(alias = "diff")]
-    Differential,
-}
-
-fn one() -> usize {
-    1
-}
-
-impl From<VariantRepr> for AttentionVariant {
-    fn from(repr: VariantRepr) -> Self {
-        match repr {
-            VariantRepr::Standard => Self::Dynamics(DynamicsConfig::Standard),
-            VariantRepr::MlpOnly => Self::Dynamics(DynamicsConfig::MlpOnly),
-            VariantRepr::Coupled { integrator, steps } => {
-                Self::Dynamics(DynamicsConfig::Coupled { integrator, steps })
-            }
-            VariantRepr::Differential => Self::Differential,
-        }
-    }
-}
-
-impl From<AttentionVariant> for VariantRepr {
-    fn from(variant: AttentionVariant) -> Self {
-        match variant {
-            AttentionVariant::Dynamics(DynamicsConfig::Standard) => Self::Standard,
-            AttentionVariant::Dynamics(DynamicsConfig::MlpOnly) => Self::MlpOnly,
-            AttentionVariant::Dynamics(DynamicsConfig::Coupled { integrator, steps }) => {
-                Self::Coupled { integrator, steps }
-            }
-            AttentionVariant::Differential => Self::Differential,
-        }
+impl<'de> Deserialize<'de> for AttentionVariant {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(deserializer)?;
+        name.parse().map_err(serde::de::Error::custom)
     }
 }
 
@@ -173,73 +116,55 @@ mod tests {
     fn names_parse_and_print_back() {
         for name in AttentionVariant::NAMES {
             let variant: AttentionVariant = name.parse().unwrap();
-            assert_eq!(variant.name(), name);
-            assert_eq!(variant.to_string(), name);
+            assert_eq!(variant.to_string().parse(), Ok(variant));
         }
         assert_eq!(
-            "hamiltonian".parse::<AttentionVariant>().unwrap(),
-            AttentionVariant::Dynamics(DynamicsConfig::leapfrog(1))
+            "euler".parse::<AttentionVariant>().unwrap().to_string(),
+            "euler1"
         );
         assert_eq!(
-            "differential".parse::<AttentionVariant>().unwrap(),
-            AttentionVariant::Differential
+            "hamiltonian3".parse(),
+            Ok(AttentionVariant::Coupled(DynamicsConfig::leapfrog(3)))
         );
+        assert_eq!("differential".parse(), Ok(AttentionVariant::Differential));
+        assert_eq!(AttentionVariant::Differential.to_string(), "diff");
         let err = "rk4".parse::<AttentionVariant>().unwrap_err();
         assert!(err.contains("`rk4`") && err.contains("diff"), "{err}");
+        let err = "euler0".parse::<AttentionVariant>().unwrap_err();
+        assert!(err.contains("at least one"), "{err}");
     }
 
     #[test]
-    fn serialises_like_the_dynamics_plus_differential() {
-        let json = |v: &AttentionVariant| serde_json::to_string(v).unwrap();
-        assert_eq!(
-            json(&AttentionVariant::Differential),
-            r#"{"kind":"differential"}"#
-        );
+    fn serialises_as_its_name() {
         for variant in [
             AttentionVariant::Differential,
-            AttentionVariant::Dynamics(DynamicsConfig::Standard),
-            AttentionVariant::Dynamics(DynamicsConfig::MlpOnly),
-            AttentionVariant::Dynamics(DynamicsConfig::leapfrog(3)),
+            AttentionVariant::Coupled(DynamicsConfig::Standard),
+            AttentionVariant::Coupled(DynamicsConfig::leapfrog(3)),
         ] {
-            let text = json(&variant);
+            let text = serde_json::to_string(&variant).unwrap();
+            assert_eq!(text, format!("\"{variant}\""));
             assert_eq!(
                 serde_json::from_str::<AttentionVariant>(&text).unwrap(),
                 variant
             );
-            if let Some(dynamics) = variant.dynamics() {
-                assert_eq!(text, serde_json::to_string(dynamics).unwrap());
-            }
         }
-        let diff: AttentionVariant = serde_json::from_str(r#"{"kind":"diff"}"#).unwrap();
-        assert_eq!(diff, AttentionVariant::Differential);
-        assert_eq!(
-            AttentionVariant::Dynamics(DynamicsConfig::euler(1)).with_steps(5),
-            AttentionVariant::Dynamics(DynamicsConfig::euler(5))
-        );
-        assert_eq!(
-            AttentionVariant::Differential.with_steps(5),
-            AttentionVariant::Differential
-        );
+        assert!(serde_json::from_str::<AttentionVariant>(r#""nope""#).is_err());
     }
 
     #[test]
-    fn the_kind_reads_a_missing_or_null_field_as_coupled() {
-        #[derive(Deserialize)]
-        struct Holder {
-            attention: AttentionKind,
-        }
-        let read = |text: &str| serde_json::from_str::<Holder>(text).unwrap().attention;
-        assert_eq!(read("{}"), AttentionKind::Coupled);
-        assert_eq!(read(r#"{"attention":null}"#), AttentionKind::Coupled);
-        assert_eq!(read(r#"{"attention":"coupled"}"#), AttentionKind::Coupled);
+    fn steps_apply_to_integrated_variants_only() {
+        let euler = AttentionVariant::Coupled(DynamicsConfig::euler(1));
+        assert!(euler.is_integrated());
         assert_eq!(
-            read(r#"{"attention":"differential"}"#),
-            AttentionKind::Differential
+            euler.with_steps(5),
+            AttentionVariant::Coupled(DynamicsConfig::euler(5))
         );
-        assert!(serde_json::from_str::<Holder>(r#"{"attention":"diff"}"#).is_err());
+        let mlp = AttentionVariant::Coupled(DynamicsConfig::MlpOnly);
+        assert!(!mlp.is_integrated());
+        assert_eq!(mlp.clone().with_steps(5), mlp);
         assert_eq!(
-            serde_json::to_string(&AttentionKind::Differential).unwrap(),
-            r#""differential""#
+            AttentionVariant::Differential.with_steps(5),
+            AttentionVariant::Differential
         );
     }
 }

@@ -1,9 +1,10 @@
 use super::DifferentialAttention;
 use crate::attention::RotaryConfig;
+use crate::attention::input::validate_heads_and_dropout;
 use crate::error::{ConfigError, or_panic};
 use burn::config::Config;
 use burn::module::Initializer;
-use burn::nn::{DropoutConfig, LinearConfig, RmsNormConfig, RotaryEncodingConfig};
+use burn::nn::{DropoutConfig, LinearConfig, RmsNormConfig};
 use burn::tensor::backend::Backend;
 
 /// Configuration of a [`DifferentialAttention`] layer (Ye et al. 2024), built by
@@ -73,30 +74,7 @@ impl DifferentialAttentionConfig {
 
     /// Checks every field; the error names the field, its value and the rule.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        for (field, value) in [("d_model", self.d_model), ("n_heads", self.n_heads)] {
-            if value == 0 {
-                return Err(ConfigError::new(NAME, field, 0, "must be at least 1"));
-            }
-        }
-        if !self.d_model.is_multiple_of(2 * self.n_heads) {
-            return Err(ConfigError::new(
-                NAME,
-                "d_model",
-                self.d_model,
-                format!(
-                    "must be divisible by 2·n_heads = {} (two query/key maps per head)",
-                    2 * self.n_heads
-                ),
-            ));
-        }
-        if !(0.0..1.0).contains(&self.dropout) {
-            return Err(ConfigError::new(
-                NAME,
-                "dropout",
-                self.dropout,
-                "must be in [0, 1)",
-            ));
-        }
+        validate_heads_and_dropout(NAME, self.d_model, self.n_heads, 2, self.dropout)?;
         if !(self.lambda_std.is_finite() && self.lambda_std >= 0.0) {
             return Err(ConfigError::new(
                 NAME,
@@ -114,30 +92,7 @@ impl DifferentialAttentionConfig {
             ));
         }
         if let Some(rotary) = &self.rotary {
-            if !self.d_map().is_multiple_of(2) {
-                return Err(ConfigError::new(
-                    NAME,
-                    "rotary",
-                    format!("Some(..) with d_map = {}", self.d_map()),
-                    "rotary embedding rotates pairs of dimensions: d_map must be even",
-                ));
-            }
-            if rotary.max_seq_len == 0 {
-                return Err(ConfigError::new(
-                    NAME,
-                    "rotary.max_seq_len",
-                    0,
-                    "must be at least 1",
-                ));
-            }
-            if !(rotary.theta.is_finite() && rotary.theta > 0.0) {
-                return Err(ConfigError::new(
-                    NAME,
-                    "rotary.theta",
-                    rotary.theta,
-                    "must be finite and > 0",
-                ));
-            }
+            rotary.validate(NAME, self.d_map(), "d_map")?;
         }
         Ok(())
     }
@@ -174,11 +129,7 @@ impl DifferentialAttentionConfig {
             norm: RmsNormConfig::new(2 * d_map)
                 .with_epsilon(self.norm_epsilon)
                 .init(device),
-            rotary: self.rotary.as_ref().map(|r| {
-                RotaryEncodingConfig::new(r.max_seq_len, d_map)
-                    .with_theta(r.theta)
-                    .init(device)
-            }),
+            rotary: self.rotary.as_ref().map(|r| r.init(d_map, device)),
             dropout: DropoutConfig::new(self.dropout).init(),
             n_heads: self.n_heads,
             d_map,

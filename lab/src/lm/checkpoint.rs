@@ -1,0 +1,220 @@
+//! Checkpoints: `out_dir/checkpoints/step-0000100/{model.mpk, optimizer.mpk, state.json}`.
+//!
+//! Each file is written atomically (temporary file, sync, rename), and `state.json` last: a
+//! checkpoint counts only once its `state.json` exists, so an interrupt at any moment leaves
+//! either a complete checkpoint or one that is ignored (and later pruned).
+//!
+//! The records are Burn's named MessagePack at full precision: bit-exact `f32` weights and
+//! optimiser moments (exact resume needs both), and, unlike the bincode recorder, an error rather
+//! than a panic on a damaged file.
+
+use super::TrainError;
+use crate::atomic;
+use burn::module::Module;
+use burn::optim::Optimizer;
+use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Recorder};
+use burn::tensor::backend::AutodiffBackend;
+use coupled_qk::model::Gpt;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+const MODEL: &str = "model.mpk";
+const OPTIMIZER: &str = "optimizer.mpk";
+const STATE: &str = "state.json";
+/// 2 since blocks hold a `BlockAttention` enum (format 1 records do not load).
+const FORMAT: u32 = 2;
+
+/// The loop's own state at a checkpoint (the model and optimiser have their records).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct CheckpointState {
+    /// Version of this layout.
+    pub format: u32,
+    /// Steps done.
+    pub step: usize,
+    /// Training tokens seen.
+    pub tokens: u64,
+    /// Wall-clock seconds of the run so far.
+    pub elapsed_s: f64,
+    /// The training losses of the steps since the last metrics row, so a resumed run writes the
+    /// same next row. Stored as text: JSON parsers need not round-trip floats exactly.
+    pub pending_losses: Vec<String>,
+}
+
+impl CheckpointState {
+    /// The state after `step` steps.
+    pub fn new(step: usize, tokens: u64, elapsed_s: f64, pending_losses: &[f64]) -> Self {
+        CheckpointState {
+            format: FORMAT,
+            step,
+            tokens,
+            elapsed_s,
+            pending_losses: pending_losses.iter().map(f64::to_string).collect(),
+        }
+    }
+
+    /// The pending losses as numbers.
+    pub fn losses(&self) -> Vec<f64> {
+        self.pending_losses
+            .iter()
+            .map(|l| l.parse().unwrap_or(f64::NAN))
+            .collect()
+    }
+}
+
+/// The folder holding a run's checkpoints.
+pub fn checkpoints_dir(out_dir: &Path) -> PathBuf {
+    out_dir.join("checkpoints")
+}
+
+/// The folder of the checkpoint after `step` steps.
+pub fn checkpoint_dir(out_dir: &Path, step: usize) -> PathBuf {
+    checkpoints_dir(out_dir).join(format!("step-{step:07}"))
+}
+
+/// The complete checkpoints of a run (those with a `state.json`), oldest first.
+pub fn list_checkpoints(out_dir: &Path) -> Result<Vec<(usize, PathBuf)>, TrainError> {
+    Ok(all_checkpoint_dirs(out_dir)?
+        .into_iter()
+        .filter(|(_, dir)| dir.join(STATE).is_file())
+        .collect())
+}
+
+/// Every `step-*` folder, complete or not, oldest first.
+fn all_checkpoint_dirs(out_dir: &Path) -> Result<Vec<(usize, PathBuf)>, TrainError> {
+    let root = checkpoints_dir(out_dir);
+    let entries = match std::fs::read_dir(&root) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(TrainError::io("list", root, e)),
+    };
+    let mut found = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| TrainError::io("list", &root, e))?;
+        let name = entry.file_name();
+        if let Some(step) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("step-")?.parse().ok())
+        {
+            found.push((step, entry.path()));
+        }
+    }
+    found.sort();
+    Ok(found)
+}
+
+fn recorder() -> NamedMpkBytesRecorder<FullPrecisionSettings> {
+    NamedMpkBytesRecorder::default()
+}
+
+/// Writes the checkpoint of `state.step` and returns its folder.
+pub fn save_checkpoint<B, O>(
+    out_dir: &Path,
+    state: &CheckpointState,
+    model: &Gpt<B>,
+    optimizer: &O,
+) -> Result<PathBuf, TrainError>
+where
+    B: AutodiffBackend,
+    O: Optimizer<Gpt<B>, B>,
+{
+    let dir = checkpoint_dir(out_dir, state.step);
+    // A folder left by an earlier attempt at this step stops counting before it is overwritten.
+    match std::fs::remove_file(dir.join(STATE)) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(TrainError::io("remove", dir.join(STATE), e));
+        }
+        _ => {}
+    }
+    let record_error = |file: &str, e: burn::record::RecorderError| TrainError::Corrupt {
+        path: dir.join(file),
+        message: format!("cannot encode: {e}"),
+        hint: "this is a bug; please report it",
+    };
+    let model_bytes = Recorder::<B>::record(&recorder(), model.clone().into_record(), ())
+        .map_err(|e| record_error(MODEL, e))?;
+    let optimizer_bytes = Recorder::<B>::record(&recorder(), optimizer.to_record(), ())
+        .map_err(|e| record_error(OPTIMIZER, e))?;
+    let state_json = serde_json::to_vec_pretty(state).expect("a CheckpointState always serialises");
+    for (file, bytes) in [
+        (MODEL, &model_bytes),
+        (OPTIMIZER, &optimizer_bytes),
+        (STATE, &state_json),
+    ] {
+        let path = dir.join(file);
+        atomic::write(&path, bytes).map_err(|e| TrainError::io("write", path, e))?;
+    }
+    Ok(dir)
+}
+
+/// Loads the checkpoint in `dir` into `model` and `optimizer` (freshly built with the same
+/// config: the records bring the weights, the parameter ids and the optimiser's moments).
+pub fn load_checkpoint<B, O>(
+    dir: &Path,
+    model: Gpt<B>,
+    optimizer: O,
+    device: &B::Device,
+) -> Result<(Gpt<B>, O, CheckpointState), TrainError>
+where
+    B: AutodiffBackend,
+    O: Optimizer<Gpt<B>, B>,
+{
+    let corrupt = |file: &str, message: String| TrainError::Corrupt {
+        path: dir.join(file),
+        message,
+        hint: "delete this checkpoint folder to resume from the previous one",
+    };
+    let read = |file: &str| {
+        let path = dir.join(file);
+        std::fs::read(&path).map_err(|e| TrainError::io("read", path, e))
+    };
+    let state: CheckpointState =
+        serde_json::from_slice(&read(STATE)?).map_err(|e| corrupt(STATE, e.to_string()))?;
+    if state.format != FORMAT {
+        // Format 1 stored each block's attention as a plain struct; since BlockAttention (an enum
+        // of coupled and differential attention) its records do not load.
+        return Err(TrainError::Corrupt {
+            path: dir.join(STATE),
+            message: format!(
+                "checkpoint format {} (this build reads {FORMAT})",
+                state.format
+            ),
+            hint: "it was written by another version of the harness; start the run afresh in a new folder",
+        });
+    }
+    let model_record = Recorder::<B>::load(&recorder(), read(MODEL)?, device).map_err(|e| {
+        corrupt(
+            MODEL,
+            format!("{e} (was it written by a model of another config?)"),
+        )
+    })?;
+    let optimizer_record = Recorder::<B>::load(&recorder(), read(OPTIMIZER)?, device)
+        .map_err(|e| corrupt(OPTIMIZER, e.to_string()))?;
+    Ok((
+        model.load_record(model_record),
+        optimizer.load_record(optimizer_record),
+        state,
+    ))
+}
+
+/// Deletes all but the newest `keep` complete checkpoints, and incomplete ones older than the
+/// newest complete one (left by an interrupt; a newer incomplete one may be being written).
+pub fn prune_checkpoints(out_dir: &Path, keep: usize) -> Result<(), TrainError> {
+    let all = all_checkpoint_dirs(out_dir)?;
+    let complete: Vec<usize> = all
+        .iter()
+        .filter(|(_, dir)| dir.join(STATE).is_file())
+        .map(|(step, _)| *step)
+        .collect();
+    let Some(&newest) = complete.last() else {
+        return Ok(());
+    };
+    let kept = &complete[complete.len().saturating_sub(keep)..];
+    for (step, dir) in all {
+        if step < newest && !kept.contains(&step) {
+            // state.json first, so a folder half-deleted by an interrupt no longer counts.
+            let _ = std::fs::remove_file(dir.join(STATE));
+            std::fs::remove_dir_all(&dir).map_err(|e| TrainError::io("remove", dir, e))?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,113 @@
+//! What can stop a training run, each naming the path involved and what to do about it.
+
+use super::FieldChange;
+use crate::data::DataError;
+use std::path::PathBuf;
+
+/// An error of the training harness.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    /// A setting that cannot work.
+    #[error("invalid training config: {field} = {value}: {message}")]
+    Config {
+        /// The field (a dotted path for nested ones).
+        field: String,
+        /// Its value.
+        value: String,
+        /// What it must be.
+        message: String,
+    },
+    /// A model config that cannot be built.
+    #[error("invalid model config: {0}")]
+    Model(#[from] coupled_qk::ConfigError),
+    /// The corpus cannot give the windows the config asks for.
+    #[error(transparent)]
+    Data(#[from] DataError),
+    /// Reading or writing a file failed.
+    #[error("cannot {action} {}: {source}", path.display())]
+    Io {
+        /// What was being done (read, write, …).
+        action: &'static str,
+        /// The file or folder.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// A fresh run into a folder that already holds one.
+    #[error(
+        "{} already holds a run ({}); resume it (--resume) or choose another output folder",
+        path.display(),
+        what
+    )]
+    RunExists {
+        /// The output folder.
+        path: PathBuf,
+        /// What was found there.
+        what: String,
+    },
+    /// A resume whose config differs from the one the run was started with.
+    #[error(
+        "cannot resume the run in {}: the new config differs from its config.json in {}. \
+         Resume with the run's own settings, or start a new output folder",
+        path.display(),
+        changes.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(", ")
+    )]
+    ConfigMismatch {
+        /// The run's `config.json`.
+        path: PathBuf,
+        /// The fields that differ.
+        changes: Vec<FieldChange>,
+    },
+    /// A file of the run that does not parse (config.json, metrics.csv, a checkpoint).
+    #[error("{} is unreadable: {message}. {hint}", path.display())]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+        /// What to do.
+        hint: &'static str,
+    },
+    /// A non-finite training (or final validation) loss: the run stops before its state is
+    /// checkpointed.
+    #[error(
+        "the loss is {loss} at step {step}: training stopped. {}",
+        match checkpoint {
+            Some(path) => format!(
+                "The last good checkpoint, {}, is kept; lower the learning rate (or raise the \
+                 warmup) and resume from it",
+                path.display()
+            ),
+            None => "No checkpoint was written before it; lower the learning rate (or raise the \
+                     warmup) and start again"
+                .to_string(),
+        }
+    )]
+    NonFinite {
+        /// The step (1-based) whose loss was not finite.
+        step: usize,
+        /// The loss.
+        loss: f64,
+        /// The newest checkpoint on disk, all of whose weights gave finite losses.
+        checkpoint: Option<PathBuf>,
+    },
+    /// The loss plot could not be drawn.
+    #[error("cannot draw the loss plot {}: {message}", path.display())]
+    Plot {
+        /// The plot's path.
+        path: PathBuf,
+        /// The cause.
+        message: String,
+    },
+}
+
+impl TrainError {
+    /// An I/O error on `path`.
+    pub fn io(action: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        TrainError::Io {
+            action,
+            path: path.into(),
+            source,
+        }
+    }
+}

@@ -1,0 +1,138 @@
+//! `metrics.csv`: one row every `log_every` steps and at every evaluation.
+//!
+//! Numbers are written in Rust's shortest round-trip form, so reading a row back gives the very
+//! same `f64`s (the resume test compares losses bit for bit through this file).
+
+use super::{TrainError, Validation};
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// The header, exactly.
+pub const HEADER: &str =
+    "step,tokens,lr,train_loss,val_loss,val_ppl,val_bpb,tokens_per_s,elapsed_s";
+
+/// One row of `metrics.csv`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MetricsRow {
+    /// Steps done (1-based: the row is written after the step's update).
+    pub step: usize,
+    /// Training tokens seen so far.
+    pub tokens: u64,
+    /// The learning rate of this step's update.
+    pub lr: f64,
+    /// The mean training loss over the steps since the previous row (this step's alone when
+    /// `log_every` is 1).
+    pub train_loss: f64,
+    /// The evaluation at this step, if there was one (empty fields otherwise).
+    pub val: Option<Validation>,
+    /// Training throughput since the previous row (tokens per second of training, evaluation and
+    /// checkpointing left out).
+    pub tokens_per_s: f64,
+    /// Wall-clock seconds since the run started, summed over resumes.
+    pub elapsed_s: f64,
+}
+
+impl MetricsRow {
+    /// The CSV line, without its newline.
+    pub fn to_csv(&self) -> String {
+        let (val_loss, val_ppl, val_bpb) = match &self.val {
+            Some(v) => (v.loss.to_string(), v.ppl.to_string(), v.bpb.to_string()),
+            None => Default::default(),
+        };
+        format!(
+            "{},{},{},{},{val_loss},{val_ppl},{val_bpb},{},{}",
+            self.step, self.tokens, self.lr, self.train_loss, self.tokens_per_s, self.elapsed_s
+        )
+    }
+
+    /// Parses a line written by [`to_csv`](Self::to_csv).
+    pub fn parse(line: &str) -> Result<Self, String> {
+        let fields: Vec<&str> = line.trim_end_matches('\r').split(',').collect();
+        if fields.len() != 9 {
+            return Err(format!("expected 9 fields, found {}", fields.len()));
+        }
+        fn num<T: std::str::FromStr>(name: &str, text: &str) -> Result<T, String> {
+            text.parse()
+                .map_err(|_| format!("{name} `{text}` is not a number"))
+        }
+        let val = if fields[4].is_empty() {
+            None
+        } else {
+            Some(Validation {
+                loss: num("val_loss", fields[4])?,
+                ppl: num("val_ppl", fields[5])?,
+                bpb: num("val_bpb", fields[6])?,
+            })
+        };
+        Ok(MetricsRow {
+            step: num("step", fields[0])?,
+            tokens: num("tokens", fields[1])?,
+            lr: num("lr", fields[2])?,
+            train_loss: num("train_loss", fields[3])?,
+            val,
+            tokens_per_s: num("tokens_per_s", fields[7])?,
+            elapsed_s: num("elapsed_s", fields[8])?,
+        })
+    }
+}
+
+/// Reads every row of a `metrics.csv`.
+pub fn read_metrics(path: &Path) -> Result<Vec<MetricsRow>, TrainError> {
+    let text = std::fs::read_to_string(path).map_err(|e| TrainError::io("read", path, e))?;
+    let corrupt = |message: String| TrainError::Corrupt {
+        path: path.to_path_buf(),
+        message,
+        hint: "restore it or delete the run folder and start again",
+    };
+    let mut lines = text.lines();
+    match lines.next() {
+        Some(h) if h.trim_end_matches('\r') == HEADER => {}
+        other => return Err(corrupt(format!("header is {other:?}, expected {HEADER:?}"))),
+    }
+    lines
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| MetricsRow::parse(l).map_err(|m| corrupt(format!("line {}: {m}", i + 2))))
+        .collect()
+}
+
+/// `metrics.csv`, open for appending.
+pub struct MetricsLog {
+    file: File,
+    path: PathBuf,
+}
+
+impl MetricsLog {
+    /// Writes the header and `rows` atomically (a fresh run has none; a resumed one keeps the
+    /// rows up to its checkpoint), then opens the file for appending.
+    pub fn create(path: &Path, rows: &[MetricsRow]) -> Result<Self, TrainError> {
+        let mut text = format!("{HEADER}\n");
+        for row in rows {
+            text.push_str(&row.to_csv());
+            text.push('\n');
+        }
+        crate::atomic::write(path, text.as_bytes())
+            .map_err(|e| TrainError::io("write", path, e))?;
+        let file = File::options()
+            .append(true)
+            .open(path)
+            .map_err(|e| TrainError::io("open", path, e))?;
+        Ok(MetricsLog {
+            file,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// Appends a row (unbuffered: a crash loses no written row).
+    pub fn append(&mut self, row: &MetricsRow) -> Result<(), TrainError> {
+        writeln!(self.file, "{}", row.to_csv()).map_err(|e| TrainError::io("write", &self.path, e))
+    }
+
+    /// Flushes the rows to disk: called before a checkpoint, which vouches for them.
+    pub fn sync(&mut self) -> Result<(), TrainError> {
+        self.file
+            .sync_data()
+            .map_err(|e| TrainError::io("sync", &self.path, e))
+    }
+}

@@ -1,0 +1,30 @@
+//! Language-model training: a GPT on a tokenised corpus, with AdamW, warmup + cosine, gradient
+//! accumulation, periodic evaluation, checkpoints with exact resume, and a folder of outputs per
+//! run. See docs/training.md.
+
+mod checkpoint;
+mod clip;
+mod config;
+mod error;
+mod eval;
+mod metrics;
+mod parallel;
+mod plot;
+mod train;
+mod trainer;
+
+pub use checkpoint::{
+    CheckpointState, checkpoint_dir, checkpoints_dir, list_checkpoints, load_checkpoint,
+    prune_checkpoints, save_checkpoint,
+};
+pub use clip::clip_global_norm;
+pub use config::{
+    BOOKKEEPING_FIELDS, CorpusInfo, FieldChange, RunConfig, TrainConfig, differing_fields,
+};
+pub use error::TrainError;
+pub use eval::{Validation, batch_loss, batch_nats, batch_tensors, evaluate};
+pub use metrics::{HEADER, MetricsLog, MetricsRow, read_metrics};
+pub use parallel::{batch_gradients, sharded_gradients};
+pub use plot::write_loss_plot;
+pub use train::{RunOptions, RunSummary, train, train_on_devices, train_with};
+pub use trainer::Trainer;

@@ -1,0 +1,492 @@
+//! [`Trainer`]: one training run as an object — prepared (fresh or resumed), stepped, evaluated,
+//! checkpointed and finished.
+//!
+//! Exact resume rests on three things: the training windows of step `s` depend only on
+//! `(seed, s)` (see [`TrainWindows`]); the backend's random generator is reseeded from
+//! `(seed, s)` at the start of every step, so dropout (if any) does not depend on what ran before;
+//! and a checkpoint holds the weights, the parameter ids and AdamW's moments at full precision.
+
+use super::checkpoint::{CheckpointState, load_checkpoint, prune_checkpoints, save_checkpoint};
+use super::clip::clip_global_norm;
+use super::config::RunConfig;
+use super::eval::{batch_loss, evaluate};
+use super::metrics::{MetricsLog, MetricsRow, read_metrics};
+use super::parallel::batch_gradients;
+use super::plot::write_loss_plot;
+use super::train::{RunOptions, RunSummary, progress_bar, resolve_start, step_seed};
+use super::{TrainConfig, TrainError, Validation};
+use crate::atomic;
+use crate::data::{TokenBatch, TokenizedCorpus, TrainWindows, eval_batches};
+use crate::schedule::WarmupCosine;
+use burn::module::{AutodiffModule, Module};
+use burn::optim::adaptor::OptimizerAdaptor;
+use burn::optim::{AdamW, AdamWConfig, GradientsAccumulator, Optimizer};
+use burn::tensor::ElementConversion;
+use burn::tensor::backend::AutodiffBackend;
+use coupled_qk::model::Gpt;
+use indicatif::ProgressBar;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// The optimiser of every run: AdamW over the GPT's parameters.
+type Adam<B> = OptimizerAdaptor<AdamW, Gpt<B>, B>;
+
+/// One training run of `config.model` on a corpus, writing `config.json`, `metrics.csv`,
+/// `loss.svg`, `summary.json` and `checkpoints/` into its folder.
+///
+/// [`prepare`](Self::prepare) starts it fresh or resumes it from its newest checkpoint;
+/// [`step`](Self::step) trains one optimiser step (evaluating and scheduling a checkpoint when
+/// due); [`finish`](Self::finish) writes the final checkpoint and the summary. [`run`](Self::run)
+/// does all of it, as [`train_on_devices`](super::train_on_devices) does.
+///
+/// Several devices change only how a micro-batch's gradient is computed: its rows are sharded
+/// across the devices and the shards' gradients summed on the main device, `devices[0]`, which
+/// also holds the optimiser state, evaluates and writes the checkpoints.
+pub struct Trainer<'a, B: AutodiffBackend> {
+    config: TrainConfig,
+    corpus: &'a TokenizedCorpus,
+    devices: &'a [B::Device],
+    out_dir: PathBuf,
+    quiet: bool,
+    /// The step this invocation stops at (`max_steps`, or earlier with `stop_at`).
+    stop: usize,
+    windows: TrainWindows<'a>,
+    eval_set: Vec<TokenBatch>,
+    /// `None` only while AdamW updates it (it takes the model by value, so that the weights are
+    /// updated in place rather than copied).
+    model: Option<Gpt<B>>,
+    optimizer: Adam<B>,
+    params: usize,
+    extra_params: usize,
+    log: MetricsLog,
+    rows: Vec<MetricsRow>,
+    last_checkpoint: Option<PathBuf>,
+    resumed_step: Option<usize>,
+    step: usize,
+    tokens: u64,
+    /// Training losses of the steps since the last metrics row.
+    pending_losses: Vec<f64>,
+    elapsed_before: f64,
+    started: Instant,
+    progress: ProgressBar,
+    schedule: WarmupCosine,
+    plot_title: String,
+    /// Training time (evaluation and checkpoints left out) and tokens since the last row.
+    interval: (Duration, u64),
+    /// The same over this invocation.
+    total: (Duration, u64),
+    /// A checkpoint of the last step, written once the next step's losses prove it finite.
+    pending_checkpoint: Option<CheckpointState>,
+    last_val: Option<Validation>,
+}
+
+impl<'a, B: AutodiffBackend> Trainer<'a, B> {
+    /// Checks the config against the corpus and the devices, decides between a fresh run and a
+    /// resume (see [`RunOptions`]), writes `config.json`, and builds or loads the model and the
+    /// optimiser.
+    ///
+    /// # Errors
+    /// An invalid config, no device, a `batch_size` not divisible by the device count, a folder
+    /// holding another run (or, on resume, a config that differs from it), and I/O errors.
+    pub fn prepare(
+        config: &TrainConfig,
+        corpus: &'a TokenizedCorpus,
+        out_dir: &Path,
+        options: &RunOptions,
+        devices: &'a [B::Device],
+    ) -> Result<Self, TrainError> {
+        config.validate_for(corpus)?;
+        let Some(device) = devices.first() else {
+            return Err(TrainError::Config {
+                field: "devices".into(),
+                value: "[]".into(),
+                message: "at least one device is needed".into(),
+            });
+        };
+        if !config.batch_size.is_multiple_of(devices.len()) {
+            return Err(TrainError::Config {
+                field: "batch_size".into(),
+                value: config.batch_size.to_string(),
+                message: format!(
+                    "must be divisible by the number of devices ({n}): each device takes \
+                     batch_size / {n} rows of every micro-batch",
+                    n = devices.len()
+                ),
+            });
+        }
+        if options.stop_at == Some(0) {
+            return Err(TrainError::Config {
+                field: "stop_at".into(),
+                value: "0".into(),
+                message: "must be at least 1".into(),
+            });
+        }
+        let say = |message: String| {
+            if !options.quiet {
+                eprintln!("{message}");
+            }
+        };
+        let stop = options
+            .stop_at
+            .map_or(config.max_steps, |s| s.min(config.max_steps));
+        let run_config = RunConfig::new(config, corpus);
+        let resume_from = resolve_start(out_dir, &run_config, options, &say)?;
+        std::fs::create_dir_all(out_dir).map_err(|e| TrainError::io("create", out_dir, e))?;
+        let config_path = out_dir.join("config.json");
+        atomic::write(&config_path, run_config.to_json().as_bytes())
+            .map_err(|e| TrainError::io("write", &config_path, e))?;
+
+        let windows = TrainWindows::new(&corpus.train, config.seq_len, config.seed)?;
+        let eval_set = eval_batches(
+            &corpus.valid,
+            config.seq_len,
+            config.eval_batch,
+            config.eval_windows,
+        )?;
+
+        B::seed(device, config.seed);
+        let model: Gpt<B> = config.model.try_init(device)?;
+        let (params, extra_params) = (model.num_params(), model.extra_num_params());
+        // PyTorch's ε (Burn's default is 1e-5); no clipping here: `clip_global_norm` does it.
+        let optimizer = AdamWConfig::new()
+            .with_beta_1(config.betas.0 as f32)
+            .with_beta_2(config.betas.1 as f32)
+            .with_epsilon(1e-8)
+            .with_weight_decay(config.weight_decay as f32)
+            .init::<B, Gpt<B>>();
+
+        let metrics_path = out_dir.join("metrics.csv");
+        let (model, optimizer, state, rows, last_checkpoint) = match &resume_from {
+            Some((_, dir)) => {
+                let (model, optimizer, state) = load_checkpoint(dir, model, optimizer, device)?;
+                let rows: Vec<MetricsRow> = if metrics_path.is_file() {
+                    read_metrics(&metrics_path)?
+                        .into_iter()
+                        .filter(|r| r.step <= state.step)
+                        .collect()
+                } else {
+                    say(format!(
+                        "{} is missing: starting a new one",
+                        metrics_path.display()
+                    ));
+                    Vec::new()
+                };
+                say(format!(
+                    "resuming from step {} ({})",
+                    state.step,
+                    dir.display()
+                ));
+                (model, optimizer, state, rows, Some(dir.clone()))
+            }
+            None => (
+                model,
+                optimizer,
+                CheckpointState::new(0, 0, 0.0, &[]),
+                Vec::new(),
+                None,
+            ),
+        };
+        let log = MetricsLog::create(&metrics_path, &rows)?;
+        say(format!(
+            "training {} parameters ({} added by the attention variant) on {} ({} training \
+             tokens, `{}` tokenizer): {} steps of {} tokens into {}",
+            params,
+            extra_params,
+            corpus.name,
+            corpus.train.len(),
+            corpus.tokenizer,
+            config.max_steps,
+            config.tokens_per_step(),
+            out_dir.display()
+        ));
+        if devices.len() > 1 {
+            say(format!(
+                "data-parallel over {} devices {:?} ({} rows each per micro-batch; main device \
+                 {:?})",
+                devices.len(),
+                devices,
+                config.batch_size / devices.len(),
+                device
+            ));
+        }
+        let last_val = rows.iter().rev().find_map(|r| r.val);
+        Ok(Self {
+            config: config.clone(),
+            corpus,
+            devices,
+            out_dir: out_dir.to_path_buf(),
+            quiet: options.quiet,
+            stop,
+            windows,
+            eval_set,
+            model: Some(model),
+            optimizer,
+            params,
+            extra_params,
+            log,
+            rows,
+            last_checkpoint,
+            resumed_step: resume_from.as_ref().map(|(step, _)| *step),
+            step: state.step,
+            tokens: state.tokens,
+            pending_losses: state.losses(),
+            elapsed_before: state.elapsed_s,
+            started: Instant::now(),
+            progress: progress_bar(options.quiet, stop, state.step),
+            schedule: config.schedule(),
+            plot_title: format!("{} on {}", config.model.attention, corpus.name),
+            interval: (Duration::ZERO, 0),
+            total: (Duration::ZERO, 0),
+            pending_checkpoint: None,
+            last_val,
+        })
+    }
+
+    /// Trains until the stop step, then [`finish`](Self::finish)es.
+    ///
+    /// # Errors
+    /// Those of [`step`](Self::step) and [`finish`](Self::finish).
+    pub fn run(mut self) -> Result<RunSummary, TrainError> {
+        while !self.is_done() {
+            self.step()?;
+        }
+        self.finish()
+    }
+
+    /// Whether the run has reached the step this invocation stops at.
+    pub fn is_done(&self) -> bool {
+        self.step >= self.stop
+    }
+
+    /// Optimiser steps done.
+    pub fn steps_done(&self) -> usize {
+        self.step
+    }
+
+    /// The model as trained so far.
+    pub fn model(&self) -> &Gpt<B> {
+        self.model
+            .as_ref()
+            .expect("the model is only taken during an update")
+    }
+
+    /// The metrics rows so far (those of earlier invocations included).
+    pub fn rows(&self) -> &[MetricsRow] {
+        &self.rows
+    }
+
+    /// One optimiser step: the gradients of `grad_accum` micro-batches, clipping, AdamW; then a
+    /// metrics row and an evaluation when due. Returns the step's training loss.
+    ///
+    /// # Errors
+    /// [`TrainError::NonFinite`] when a loss is not finite (naming the last checkpoint written),
+    /// and I/O errors of the metrics and checkpoint files.
+    pub fn step(&mut self) -> Result<f64, TrainError> {
+        let s = self.step + 1;
+        let timer = Instant::now();
+        let mut side_time = Duration::ZERO;
+        let device = &self.devices[0];
+        // Burn's Flex and CubeCL generators are process-global (the device is ignored): seeding
+        // the main device seeds them all. With several devices, dropout (if any) draws from it
+        // in whatever order the devices' threads run, so only then is a step's randomness not
+        // reproducible.
+        B::seed(device, step_seed(self.config.seed, s as u64));
+        let lr = self.schedule.at(self.step);
+        let accum = self.config.grad_accum;
+        let mut accumulator = GradientsAccumulator::<Gpt<B>>::new();
+        let mut loss_sum = 0.0;
+        for i in 0..accum {
+            let index = (self.step * accum + i) as u64;
+            let batch = self.windows.batch(index, self.config.batch_size);
+            match batch_gradients(self.model(), &batch, self.devices, accum) {
+                Ok((value, grads)) => {
+                    accumulator.accumulate(self.model(), grads);
+                    loss_sum += value;
+                }
+                Err(value) => return Err(self.diverged(s, value, "loss")),
+            }
+        }
+        // The previous step's weights gave finite losses: only now is its checkpoint written
+        // (the model and optimiser still hold that step's state until the update below).
+        if let Some(state) = self.pending_checkpoint.take() {
+            let t = Instant::now();
+            self.write_checkpoint(&state)?;
+            side_time += t.elapsed();
+        }
+        let mut grads = accumulator.grads();
+        if let Some(max_norm) = self.config.grad_clip {
+            grads = clip_global_norm(self.model(), grads, max_norm).0;
+        }
+        let model = self
+            .model
+            .take()
+            .expect("the model is only taken during an update");
+        self.model = Some(self.optimizer.step(lr, model, grads));
+        self.step = s;
+        let step_tokens = self.config.tokens_per_step();
+        self.tokens += step_tokens;
+        let step_loss = loss_sum / accum as f64;
+        self.pending_losses.push(step_loss);
+        let train_time = timer.elapsed() - side_time;
+        self.interval = (self.interval.0 + train_time, self.interval.1 + step_tokens);
+        self.total = (self.total.0 + train_time, self.total.1 + step_tokens);
+
+        let due = s % self.config.eval_every == 0 || s == self.config.max_steps;
+        let val = due.then(|| self.evaluate());
+        if val.is_some() || s % self.config.log_every == 0 {
+            self.log_row(lr, val)?;
+        }
+        if let Some(v) = val {
+            self.last_val = Some(v);
+            self.plot()?;
+            if !v.loss.is_finite() {
+                return Err(self.diverged(s, v.loss, "validation loss"));
+            }
+        }
+        self.show_progress(step_loss);
+        if s % self.config.checkpoint_every == 0 && s < self.stop {
+            self.pending_checkpoint = Some(self.state());
+        }
+        Ok(step_loss)
+    }
+
+    /// The model's loss on the fixed validation set.
+    pub fn evaluate(&self) -> Validation {
+        evaluate(&self.model().valid(), &self.eval_set, &self.devices[0])
+    }
+
+    /// Writes a checkpoint of the current step (syncing the metrics first) and prunes old ones.
+    ///
+    /// # Errors
+    /// I/O errors.
+    pub fn checkpoint(&mut self) -> Result<PathBuf, TrainError> {
+        let state = self.state();
+        self.write_checkpoint(&state)
+    }
+
+    /// Writes the final checkpoint (unless this invocation only reopened a run already at its
+    /// stop step), the loss plot and `summary.json`.
+    ///
+    /// # Errors
+    /// [`TrainError::NonFinite`] when the run stopped early and the next step's loss is not
+    /// finite, and I/O errors.
+    pub fn finish(mut self) -> Result<RunSummary, TrainError> {
+        if self.resumed_step != Some(self.step) {
+            if self.step < self.config.max_steps {
+                // Stopped early: vouch for the weights with the loss of the next step's first
+                // micro-batch (at max_steps the final validation loss, checked in `step`, does
+                // it). One device's shard of rows: the whole micro-batch of a multi-GPU run may
+                // not fit on one.
+                let rows = self.config.batch_size / self.devices.len();
+                let index = (self.step * self.config.grad_accum) as u64;
+                let batch = self.windows.batch(index, rows);
+                let next = batch_loss(&self.model().valid(), &batch, &self.devices[0])
+                    .into_scalar()
+                    .elem::<f64>();
+                if !next.is_finite() {
+                    return Err(self.diverged(self.step + 1, next, "loss"));
+                }
+            }
+            self.checkpoint()?;
+        }
+        self.plot()?;
+        let summary = self.summary();
+        let summary_path = self.out_dir.join("summary.json");
+        let json = serde_json::to_string_pretty(&summary).expect("a RunSummary always serialises");
+        atomic::write(&summary_path, json.as_bytes())
+            .map_err(|e| TrainError::io("write", &summary_path, e))?;
+        self.progress.finish_with_message(match summary.val_loss {
+            Some(v) => format!("val loss {v:.4}, {:.0} tok/s", summary.tokens_per_s),
+            None => format!("{:.0} tok/s", summary.tokens_per_s),
+        });
+        Ok(summary)
+    }
+
+    fn elapsed(&self) -> f64 {
+        self.elapsed_before + self.started.elapsed().as_secs_f64()
+    }
+
+    fn state(&self) -> CheckpointState {
+        CheckpointState::new(self.step, self.tokens, self.elapsed(), &self.pending_losses)
+    }
+
+    fn write_checkpoint(&mut self, state: &CheckpointState) -> Result<PathBuf, TrainError> {
+        self.log.sync()?;
+        let dir = save_checkpoint(&self.out_dir, state, self.model(), &self.optimizer)?;
+        prune_checkpoints(&self.out_dir, self.config.keep_checkpoints)?;
+        self.last_checkpoint = Some(dir.clone());
+        Ok(dir)
+    }
+
+    fn log_row(&mut self, lr: f64, val: Option<Validation>) -> Result<(), TrainError> {
+        let (time, tokens) = self.interval;
+        let row = MetricsRow {
+            step: self.step,
+            tokens: self.tokens,
+            lr,
+            train_loss: self.pending_losses.iter().sum::<f64>() / self.pending_losses.len() as f64,
+            val,
+            tokens_per_s: tokens as f64 / time.as_secs_f64().max(1e-9),
+            elapsed_s: self.elapsed(),
+        };
+        self.log.append(&row)?;
+        self.rows.push(row);
+        self.pending_losses.clear();
+        self.interval = (Duration::ZERO, 0);
+        Ok(())
+    }
+
+    fn plot(&self) -> Result<(), TrainError> {
+        write_loss_plot(&self.rows, &self.plot_title, &self.out_dir.join("loss.svg"))
+    }
+
+    fn throughput(&self) -> f64 {
+        self.total.1 as f64 / self.total.0.as_secs_f64().max(1e-9)
+    }
+
+    fn show_progress(&self, step_loss: f64) {
+        let throughput = self.throughput();
+        self.progress.set_position(self.step as u64);
+        self.progress.set_message(match self.last_val {
+            Some(v) => format!(
+                "loss {step_loss:.4} val {:.4} {throughput:.0} tok/s",
+                v.loss
+            ),
+            None => format!("loss {step_loss:.4} {throughput:.0} tok/s"),
+        });
+    }
+
+    /// The error of a non-finite `what` at `step`, naming the last checkpoint written.
+    fn diverged(&self, step: usize, loss: f64, what: &str) -> TrainError {
+        self.progress
+            .abandon_with_message(format!("{what} {loss} at step {step}"));
+        TrainError::NonFinite {
+            step,
+            loss,
+            checkpoint: self.last_checkpoint.clone(),
+        }
+    }
+
+    fn summary(&self) -> RunSummary {
+        let val_row = self.rows.iter().rev().find(|r| r.val.is_some());
+        let val = val_row.and_then(|r| r.val);
+        RunSummary {
+            corpus: self.corpus.name.clone(),
+            tokenizer: self.corpus.tokenizer.clone(),
+            steps: self.step,
+            max_steps: self.config.max_steps,
+            finished: self.step >= self.config.max_steps,
+            tokens: self.tokens,
+            train_loss: self.rows.last().map(|r| r.train_loss),
+            val_loss: val.map(|v| v.loss),
+            val_ppl: val.map(|v| v.ppl),
+            val_bpb: val.map(|v| v.bpb),
+            val_step: val_row.map(|r| r.step),
+            wall_s: self.elapsed(),
+            tokens_per_s: self.throughput(),
+            params: self.params,
+            extra_params: self.extra_params,
+            resumed_from: self.resumed_step,
+        }
+    }
+}

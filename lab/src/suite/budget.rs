@@ -1,0 +1,156 @@
+//! The model and training budget every suite program shares, as command-line flags. The defaults
+//! are a CPU-scale cell: the `tiny` preset with the byte tokenizer, about 10 minutes on 2 cores.
+
+use super::{CellResult, Suite, run_cell};
+use crate::backend::{BackendChoice, MultiDeviceTask};
+use crate::data::{
+    CorpusSource, Hub, LoadOptions, SplitOptions, TokenCache, TokenizedCorpus, TokenizerKind,
+    load_corpus,
+};
+use crate::lm::TrainConfig;
+use burn::tensor::backend::AutodiffBackend;
+use coupled_qk::model::AttentionVariant;
+use coupled_qk::model::{GptConfig, Preset};
+use std::path::PathBuf;
+
+/// Model and budget flags.
+#[derive(clap::Args, Clone, Debug)]
+pub struct Budget {
+    /// Model preset: tiny, 60m, 150m, 350m.
+    #[arg(long, default_value = "tiny")]
+    pub preset: Preset,
+    /// bytes (256 ids) or gpt2 (50257 ids).
+    #[arg(long, default_value = "bytes")]
+    pub tokenizer: TokenizerKind,
+    /// Optimiser steps per run.
+    #[arg(long, default_value_t = 400)]
+    pub max_steps: usize,
+    /// Tokens per window (default: the preset's context).
+    #[arg(long)]
+    pub seq_len: Option<usize>,
+    /// Windows per step.
+    #[arg(long, default_value_t = 16)]
+    pub batch_size: usize,
+    /// Micro-batches per step.
+    #[arg(long, default_value_t = 1)]
+    pub grad_accum: usize,
+    /// Peak learning rate.
+    #[arg(long, default_value_t = 1e-3)]
+    pub lr: f64,
+    /// Warmup steps (default: a tenth of the steps).
+    #[arg(long)]
+    pub warmup: Option<usize>,
+    /// Evaluate every this many steps (default: an eighth of the steps).
+    #[arg(long)]
+    pub eval_every: Option<usize>,
+    /// Validation windows per evaluation (default 64; 0 = all).
+    #[arg(long, default_value_t = 64)]
+    pub eval_windows: usize,
+    /// auto, flex, ndarray, wgpu or cuda.
+    #[arg(long, default_value = "auto")]
+    pub backend: BackendChoice,
+    /// Train each cell data-parallel on this many devices (GPUs; on the CPU, worker threads
+    /// sharing it, faster than one: see docs/performance.md). The batch size must divide by it.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+    pub devices: u16,
+    /// Token cache folder (default: $COUPLED_QK_CACHE or ~/.cache/coupled-qk).
+    #[arg(long)]
+    pub cache_dir: Option<PathBuf>,
+    /// Where run folders go (default: <out>/runs). Programs given the same folder train each
+    /// equal cell (corpus, variant, seed, budget) once.
+    #[arg(long)]
+    pub runs_dir: Option<PathBuf>,
+}
+
+impl Budget {
+    /// The suite whose report goes to `out`.
+    pub fn suite(&self, out: &std::path::Path) -> Suite {
+        Suite {
+            runs: self.runs_dir.clone().unwrap_or_else(|| out.join("runs")),
+            quiet: false,
+        }
+    }
+
+    /// The training config of one cell.
+    pub fn train_config(
+        &self,
+        vocab_size: usize,
+        variant: &AttentionVariant,
+        seed: u64,
+    ) -> TrainConfig {
+        let model = GptConfig::preset(self.preset, vocab_size).with_attention(variant.clone());
+        let mut config = TrainConfig::new(model);
+        if let Some(seq_len) = self.seq_len {
+            config.seq_len = seq_len;
+        }
+        config.batch_size = self.batch_size;
+        config.grad_accum = self.grad_accum;
+        config.max_steps = self.max_steps;
+        config.lr = self.lr;
+        config.warmup_steps = self.warmup.unwrap_or(self.max_steps / 10);
+        config.eval_every = self.eval_every.unwrap_or((self.max_steps / 8).max(1));
+        config.eval_windows = (self.eval_windows > 0).then_some(self.eval_windows);
+        config.checkpoint_every = (self.max_steps / 4).max(1);
+        config.keep_checkpoints = 1;
+        config.seed = seed;
+        config
+    }
+
+    /// Loads a corpus (`--corpus` syntax of the data pipeline) with this budget's tokenizer.
+    pub fn load(
+        &self,
+        corpus: &str,
+        data_dir: Option<&PathBuf>,
+    ) -> Result<TokenizedCorpus, String> {
+        let source = corpus
+            .parse::<CorpusSource>()
+            .and_then(|source| source.with_data_dir(data_dir.cloned()))
+            .map_err(|e| e.to_string())?;
+        let options = LoadOptions::for_program(self.cache_dir.clone(), SplitOptions::default());
+        Ok(load_corpus(&source, self.tokenizer, &options)
+            .map_err(|e| format!("{e}"))?
+            .corpus)
+    }
+}
+
+/// Cells to train: each a corpus, a variant and a training config.
+pub struct Cells<'a> {
+    /// Where runs go.
+    pub suite: &'a Suite,
+    /// `(corpus, label, config)` in the order to run; the label (the variant's name, or another
+    /// such as `standard-x10`) names the cell's folder and its rows in reports.
+    pub cells: Vec<(&'a TokenizedCorpus, String, TrainConfig)>,
+}
+
+impl MultiDeviceTask for Cells<'_> {
+    type Output = Result<Vec<CellResult>, String>;
+    fn run<B: AutodiffBackend>(
+        self,
+        devices: Vec<B::Device>,
+        _name: &'static str,
+        _gpu: bool,
+    ) -> Self::Output {
+        let total = self.cells.len();
+        let mut results = Vec::with_capacity(total);
+        for (i, (corpus, label, config)) in self.cells.into_iter().enumerate() {
+            eprintln!(
+                "[{}/{total}] {} · {} · seed {}",
+                i + 1,
+                corpus.name,
+                label,
+                config.seed
+            );
+            let result = run_cell::<B>(self.suite, &label, &config, corpus, &devices)
+                .map_err(|e| e.to_string())?;
+            results.push(result);
+        }
+        Ok(results)
+    }
+}
+
+/// The folder of the shared corpora: `$COUPLED_QK_DATA`, else `../shared/data` when it exists.
+pub fn shared_data_dir() -> Option<PathBuf> {
+    std::env::var_os("COUPLED_QK_DATA")
+        .map(PathBuf::from)
+        .or_else(|| Some(PathBuf::from("../shared/data")).filter(|p| p.is_dir()))
+}

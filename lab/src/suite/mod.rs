@@ -1,0 +1,19 @@
+//! Suites of training runs for the paper's tables: variants × corpora × seeds, each run a folder
+//! of the LM harness, skipped when already finished, aggregated into mean ± std.
+
+mod budget;
+mod cells;
+mod plot;
+mod report;
+mod stats;
+mod variant;
+
+pub use budget::{Budget, Cells, shared_data_dir};
+pub use cells::{CellResult, CurvePoint, Suite, run_cell};
+pub use plot::write_curves_plot;
+pub use report::{
+    PAPER_60M, ablation_table, change_pct, command_line, seed_table, write_json, write_markdown,
+    write_report,
+};
+pub use stats::{Aggregate, aggregate, first_reach, mean_std};
+pub use variant::parse_variants;

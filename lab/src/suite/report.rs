@@ -1,0 +1,145 @@
+//! Markdown tables of suite results beside the paper's numbers.
+
+use super::{Aggregate, CellResult};
+use crate::atomic;
+use std::fmt::Write;
+use std::path::Path;
+
+/// The paper's 60M WikiText-103 validation perplexities (mean, std over seeds where given).
+pub const PAPER_60M: [(&str, f64, Option<f64>); 4] = [
+    ("standard", 24.22, None),
+    ("mlp-only", 23.81, Some(0.31)),
+    ("euler1", 22.55, Some(0.04)),
+    ("leapfrog1", 22.62, Some(0.04)),
+];
+
+fn pm((mean, std): (f64, f64), digits: usize) -> String {
+    format!("{mean:.digits$} ± {std:.digits$}")
+}
+
+/// Change of `value` relative to `base`, in percent.
+pub fn change_pct(value: f64, base: f64) -> f64 {
+    100.0 * (value - base) / base
+}
+
+/// The ablation table: one row per variant of `corpus`, with the change in perplexity relative to
+/// `standard` (when it was run) and the paper's 60M WikiText-103 column.
+pub fn ablation_table(aggregates: &[Aggregate], corpus: &str) -> String {
+    let base = aggregates
+        .iter()
+        .find(|a| a.corpus == corpus && a.variant == "standard")
+        .map(|a| a.ppl.0);
+    let mut md = String::from(
+        "| variant | seeds | val loss | val ppl | bits/byte | Δ ppl vs standard | extra params | train tokens/s | paper 60M ppl (Δ) |\n\
+         |---|---|---|---|---|---|---|---|---|\n",
+    );
+    for a in aggregates.iter().filter(|a| a.corpus == corpus) {
+        let delta = base.map_or("–".into(), |b| format!("{:+.2}%", change_pct(a.ppl.0, b)));
+        let paper = PAPER_60M
+            .iter()
+            .find(|p| p.0 == a.variant)
+            .map_or("–".to_string(), |p| {
+                let std = p.2.map_or(String::new(), |s| format!(" ± {s}"));
+                format!("{}{std} ({:+.1}%)", p.1, change_pct(p.1, PAPER_60M[0].1))
+            });
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {delta} | {} | {:.0} | {paper} |",
+            a.variant,
+            a.seeds,
+            pm(a.loss, 4),
+            pm(a.ppl, 3),
+            pm(a.bpb, 4),
+            a.extra_params,
+            a.tokens_per_s
+        );
+    }
+    md
+}
+
+/// Per-seed results, for the record.
+pub fn seed_table(results: &[CellResult]) -> String {
+    let mut md = String::from(
+        "| corpus | variant | seed | val loss | val ppl | bits/byte | tokens | wall s |\n|---|---|---|---|---|---|---|---|\n",
+    );
+    for r in results {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {:.4} | {:.3} | {:.4} | {} | {:.0} |",
+            r.corpus, r.variant, r.seed, r.val_loss, r.val_ppl, r.val_bpb, r.tokens, r.wall_s
+        );
+    }
+    md
+}
+
+/// Writes `results.json` (every cell and the aggregates) atomically.
+pub fn write_json(
+    path: &Path,
+    results: &[CellResult],
+    aggregates: &[Aggregate],
+    extra: serde_json::Value,
+) -> Result<(), String> {
+    let json = serde_json::json!({ "cells": results, "aggregates": aggregates, "summary": extra });
+    let text = serde_json::to_string_pretty(&json).map_err(|e| e.to_string())?;
+    atomic::write(path, text.as_bytes())
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
+/// Writes a Markdown file atomically.
+pub fn write_markdown(path: &Path, text: &str) -> Result<(), String> {
+    atomic::write(path, text.as_bytes())
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
+/// Writes a suite's outputs into `out` and prints its Markdown: `results.md` (`markdown`),
+/// `results.json` (every cell, the aggregates over seeds and the program's `summary`), and the
+/// validation curves, `curves.svg` for one corpus or `curves-<corpus>.svg` for each of several.
+pub fn write_report(
+    out: &Path,
+    markdown: &str,
+    results: &[CellResult],
+    summary: serde_json::Value,
+) -> Result<(), String> {
+    std::fs::create_dir_all(out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
+    write_markdown(&out.join("results.md"), markdown)?;
+    write_json(
+        &out.join("results.json"),
+        results,
+        &super::aggregate(results),
+        summary,
+    )?;
+    let mut corpora: Vec<&str> = Vec::new();
+    for r in results {
+        if !corpora.contains(&r.corpus.as_str()) {
+            corpora.push(&r.corpus);
+        }
+    }
+    for corpus in &corpora {
+        let of_corpus: Vec<CellResult> = results
+            .iter()
+            .filter(|r| r.corpus == *corpus)
+            .cloned()
+            .collect();
+        let file = match corpora.len() {
+            1 => "curves.svg".to_string(),
+            _ => format!("curves-{corpus}.svg"),
+        };
+        super::write_curves_plot(
+            &of_corpus,
+            &format!("validation loss on {corpus}"),
+            &out.join(file),
+        )?;
+    }
+    println!("{markdown}");
+    Ok(())
+}
+
+/// The command that ran this program, for the reports: `cargo run --release --example
+/// <program> -- <its arguments>`.
+pub fn command_line(program: &str) -> String {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    format!(
+        "cargo run --release --example {program} -- {}",
+        args.join(" ")
+    )
+}

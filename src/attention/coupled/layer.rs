@@ -1,0 +1,186 @@
+use super::cache::CoupledQkCache;
+use crate::attention::input::{AttentionInput, check_input};
+use crate::attention::rotary::{RotaryPosition, rotate};
+use crate::attention::sdpa::attend;
+use crate::dynamics::QkDynamics;
+use crate::integrator::Integrator;
+use burn::module::Module;
+use burn::nn::{Dropout, Linear, RotaryEncoding};
+use burn::tensor::{Tensor, backend::Backend};
+use std::sync::Arc;
+
+/// Multi-head self-attention with **coupled query-key dynamics**, from *Coupled Query-Key
+/// Dynamics for Attention* (Gahtan & Bronstein, 2026, arXiv:2604.01683).
+///
+/// Before scoring, each token's query and key evolve jointly under
+///
+/// ```text
+/// dq/dt = k,    dk/dt = f(q)
+/// ```
+///
+/// for a few steps of a learned `dt` (one forward-Euler step by default:
+/// `q ← q + dt·k`, `k ← k + dt·f(q)`), with `f` a small [`CouplingNet`](crate::CouplingNet)
+/// shared by the heads. Then `softmax(q·kᵀ/√d_head)·v` as usual. The dynamics act on each token
+/// alone, so causal masking and caching work as in standard attention. The same layer is the
+/// standard and MLP-only baselines, chosen by [`DynamicsConfig`](crate::DynamicsConfig).
+///
+/// Built by [`CoupledQkAttentionConfig`](super::CoupledQkAttentionConfig).
+///
+/// # Params
+/// - `query`, `key`, `value`, `output`: [`Linear`], `d_model → d_model`
+/// - `dynamics`: the coupling net and `dt` (see [`extra_num_params`](Self::extra_num_params))
+#[derive(Module, Debug)]
+pub struct CoupledQkAttention<B: Backend> {
+    /// Projects the input to queries.
+    pub query: Linear<B>,
+    /// Projects the input to keys.
+    pub key: Linear<B>,
+    /// Projects the input to values.
+    pub value: Linear<B>,
+    /// Projects the merged heads back to `d_model`.
+    pub output: Linear<B>,
+    /// The pre-scoring dynamics.
+    pub dynamics: QkDynamics<B>,
+    /// Rotary position embedding over `d_head`, if configured.
+    pub rotary: Option<RotaryEncoding<B>>,
+    /// Where the rotary embedding acts.
+    pub rotary_position: RotaryPosition,
+    /// Dropout on the attention weights.
+    pub dropout: Dropout,
+    /// The number of heads.
+    pub n_heads: usize,
+    /// The size of each head.
+    pub d_head: usize,
+    /// Whether future positions are masked.
+    pub causal: bool,
+}
+
+const NAME: &str = "CoupledQkAttention";
+
+impl<B: Backend> CoupledQkAttention<B> {
+    /// Self-attention over a whole sequence.
+    ///
+    /// # Shapes
+    /// - `input.x`: `[batch, seq, d_model]`
+    /// - `input.mask_pad`: `[batch, seq]`; `input.mask_attn`: `[batch, seq, seq]`
+    /// - output: `[batch, seq, d_model]`
+    ///
+    /// # Panics
+    /// If a shape differs from the above (the message names the expected shape), or the sequence
+    /// is longer than the rotary embedding's `max_seq_len`.
+    pub fn forward(&self, input: impl Into<AttentionInput<B>>) -> Tensor<B, 3> {
+        let (x, mask) = input.into().unpack(NAME, self.d_model(), self.n_heads);
+        let (q, k, v) = self.project(x, 0);
+        let context = attend(q, k, v, mask, self.causal, &self.dropout);
+        self.merge_heads(context)
+    }
+
+    /// Self-attention over new positions, given the cache of earlier ones: for autoregressive
+    /// decoding. Feeding a sequence in chunks (one token at a time or more) through the same cache
+    /// gives the outputs of [`forward`](Self::forward) on the whole sequence, when the layer is
+    /// causal.
+    ///
+    /// # Shapes
+    /// - `x`: `[batch, new, d_model]`
+    /// - output: `[batch, new, d_model]`
+    ///
+    /// # Panics
+    /// If `x` is not `[batch, new, d_model]` with the cache's batch size, or the cached and new
+    /// positions exceed the rotary embedding's `max_seq_len`.
+    pub fn forward_cache(&self, x: Tensor<B, 3>, cache: &mut CoupledQkCache<B>) -> Tensor<B, 3> {
+        let [batch, _, _] = check_input(NAME, &x, self.d_model());
+        if let Some(keys) = &cache.keys {
+            let cached = keys.dims()[0];
+            assert_eq!(
+                batch, cached,
+                "{NAME}::forward_cache: the cache holds batch size {cached}, got input batch size {batch}"
+            );
+        }
+        let (q, k, v) = self.project(x, cache.len());
+        let (k, v) = cache.append(k, v);
+        let context = attend(q, k, v, None, self.causal, &self.dropout);
+        self.merge_heads(context)
+    }
+
+    /// The same layer with another integrator, for example one of the user's own: implement
+    /// [`Integrator`] and pass it here; the attention code does not change.
+    ///
+    /// # Panics
+    /// If the layer's dynamics are not coupled.
+    pub fn with_integrator(mut self, integrator: Arc<dyn Integrator>) -> Self {
+        self.dynamics = self.dynamics.with_integrator(integrator);
+        self
+    }
+
+    /// The parameters the dynamics add over a standard attention layer of the same shape: the
+    /// coupling net and `dt` (counted even when `dt` is fixed). Zero for standard attention.
+    pub fn extra_num_params(&self) -> usize {
+        self.dynamics.num_params()
+    }
+
+    /// `d_model`.
+    pub fn d_model(&self) -> usize {
+        self.n_heads * self.d_head
+    }
+
+    /// Projects to heads, then applies the dynamics and the rotary embedding in the configured
+    /// order. Returns `(q, k, v)`, each `[batch, heads, seq, d_head]`.
+    fn project(&self, x: Tensor<B, 3>, start: usize) -> (Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>) {
+        // Token-major [batch, seq, heads, d_head]: contiguous, where the dynamics run fastest.
+        let q = self.split_heads(self.query.forward(x.clone()));
+        let k = self.split_heads(self.key.forward(x.clone()));
+        let v = self.split_heads(self.value.forward(x)).swap_dims(1, 2);
+        let (q, k) = match (&self.rotary, self.rotary_position) {
+            (None, _) => {
+                let (q, k) = self.dynamics.forward(q, k);
+                (to_heads(q), to_heads(k))
+            }
+            (Some(rope), RotaryPosition::AfterDynamics) => {
+                let (q, k) = self.dynamics.forward(q, k);
+                let rotate = |x: Tensor<B, 4>| self.rotate(rope, to_heads(x), start);
+                (rotate(q), rotate(k))
+            }
+            (Some(rope), RotaryPosition::BeforeDynamics) => {
+                // RoPE needs [.., seq, d_head]; rotate head-major, evolve token-major.
+                let rotate =
+                    |x: Tensor<B, 4>| self.rotate(rope, x.swap_dims(1, 2), start).swap_dims(1, 2);
+                let (q, k) = self.dynamics.forward(rotate(q), rotate(k));
+                (to_heads(q), to_heads(k))
+            }
+        };
+        (q, k, v)
+    }
+
+    fn rotate(&self, rope: &RotaryEncoding<B>, x: Tensor<B, 4>, start: usize) -> Tensor<B, 4> {
+        rotate(NAME, rope, x, start)
+    }
+
+    /// `[batch, seq, d_model]` → `[batch, seq, heads, d_head]` (a reshape, no copy).
+    fn split_heads(&self, x: Tensor<B, 3>) -> Tensor<B, 4> {
+        let [batch, seq, _] = x.dims();
+        x.reshape([batch, seq, self.n_heads, self.d_head])
+    }
+
+    /// `[batch, heads, seq, d_head]` → output projection of `[batch, seq, d_model]`.
+    fn merge_heads(&self, context: Tensor<B, 4>) -> Tensor<B, 3> {
+        let [batch, _, seq, _] = context.dims();
+        let merged = context
+            .swap_dims(1, 2)
+            .reshape([batch, seq, self.d_model()]);
+        self.output.forward(merged)
+    }
+}
+
+/// `[batch, seq, heads, d_head]` → `[batch, heads, seq, d_head]`, as a view.
+///
+/// The gradient that comes back through a transposition is a strided view, and the dynamics
+/// use their inputs twice (`q` in the drift and in `f`, `k` in the drift and the kick): on Flex
+/// every backward op on that view would take the strided path, several times slower than on
+/// contiguous memory. The reshape round trip costs nothing forward and makes the backward pass
+/// copy the gradient to token-major memory once, before it fans out.
+fn to_heads<B: Backend>(x: Tensor<B, 4>) -> Tensor<B, 4> {
+    let [batch, seq, heads, d_head] = x.dims();
+    x.reshape([batch, seq, heads * d_head])
+        .reshape([batch, seq, heads, d_head])
+        .swap_dims(1, 2)
+}

@@ -1,0 +1,65 @@
+//! The masks both attention layers build: causality aligned at the bottom right (for cached
+//! decoding) and the user's padding and attention masks combined into one. `true` means "masked
+//! out", Burn's convention.
+
+use burn::tensor::{Bool, Tensor, backend::Backend};
+
+/// `0` where query `i` may see key `j` (`j ≤ i + s_k − s_q`), `−∞` where it may not.
+///
+/// # Shapes
+/// - output: `[s_q, s_k]`
+pub(crate) fn causal_bias<B: Backend>(s_q: usize, s_k: usize, device: &B::Device) -> Tensor<B, 2> {
+    Tensor::<B, 2>::zeros([s_q, s_k], device)
+        .mask_fill(future_mask(s_q, s_k, device), f32::NEG_INFINITY)
+}
+
+/// `true` where query `i` may not see key `j` (`j > i + s_k − s_q`): causality aligned at the
+/// bottom right, so that the last queries of a cached decode see every earlier key.
+///
+/// # Shapes
+/// - output: `[s_q, s_k]`
+pub(crate) fn future_mask<B: Backend>(
+    s_q: usize,
+    s_k: usize,
+    device: &B::Device,
+) -> Tensor<B, 2, Bool> {
+    Tensor::<B, 2, Bool>::tril_mask([s_q, s_k], s_k as i64 - s_q as i64, device)
+}
+
+/// One `[batch, heads, seq, seq]` mask (`true`: masked out) from a padding mask `[batch, seq]`
+/// and an attention mask `[batch, seq, seq]`, either optional.
+///
+/// # Panics
+/// If a mask has another shape; the message starts with `layer`.
+pub(crate) fn combine_masks<B: Backend>(
+    layer: &str,
+    mask_pad: Option<Tensor<B, 2, Bool>>,
+    mask_attn: Option<Tensor<B, 3, Bool>>,
+    [batch, heads, seq]: [usize; 3],
+) -> Option<Tensor<B, 4, Bool>> {
+    let full = [batch, heads, seq, seq];
+    let pad = mask_pad.map(|m| {
+        assert_eq!(
+            m.dims(),
+            [batch, seq],
+            "{layer}: expected mask_pad [batch, seq] = {:?}, got {:?}",
+            [batch, seq],
+            m.dims()
+        );
+        m.reshape([batch, 1, 1, seq]).expand(full)
+    });
+    let attn = mask_attn.map(|m| {
+        assert_eq!(
+            m.dims(),
+            [batch, seq, seq],
+            "{layer}: expected mask_attn [batch, seq, seq] = {:?}, got {:?}",
+            [batch, seq, seq],
+            m.dims()
+        );
+        m.reshape([batch, 1, seq, seq]).expand(full)
+    });
+    match (pad, attn) {
+        (Some(a), Some(b)) => Some(a.bool_or(b)),
+        (a, b) => a.or(b),
+    }
+}
