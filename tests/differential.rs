@@ -6,11 +6,11 @@ mod common;
 use burn::backend::Flex;
 use burn::module::{Module, Param};
 use burn::tensor::activation::softmax;
-use burn::tensor::{Bool, Distribution, Tensor};
+use burn::tensor::{Bool, Distribution, Tensor, TensorData};
 use common::max_abs_diff;
 use coupled_qk::{
-    CoupledQkAttentionConfig, DifferentialAttention, DifferentialAttentionConfig, DynamicsConfig,
-    RotaryConfig,
+    AttentionInput, CoupledQkAttentionConfig, DifferentialAttention, DifferentialAttentionConfig,
+    DynamicsConfig, RotaryConfig,
 };
 
 type B = Flex;

@@ -118,7 +118,7 @@ proptest! {
                 let changed = Tensor::cat(vec![x.clone().slice([0..2, 0..t + 1]), noise], 1);
                 let before = layer.forward(x).slice([0..2, 0..t + 1]);
                 let after = layer.forward(changed).slice([0..2, 0..t + 1]);
-                assert_close(before, after, 1e-5, dynamics.name());
+                assert_close(before, after, 1e-5, &dynamics.to_string());
             }
         }
     }
@@ -141,7 +141,7 @@ proptest! {
                     start += n;
                 }
                 prop_assert_eq!(cache.len(), seq);
-                assert_close(Tensor::cat(parts, 1), full, 1e-5, dynamics.name());
+                assert_close(Tensor::cat(parts, 1), full, 1e-5, &dynamics.to_string());
             }
         }
     }
@@ -157,7 +157,7 @@ fn the_dynamics_change_the_output() {
             &values(layer.forward(x.clone())),
             &values(as_standard(&layer).forward(x.clone())),
         );
-        assert!(diff > 1e-3, "{}: output moved only {diff}", dynamics.name());
+        assert!(diff > 1e-3, "{dynamics}: output moved only {diff}");
     }
 }
 

@@ -15,8 +15,8 @@
 use clap::Parser;
 use coupled_qk_lab::backend::dispatch_devices;
 use coupled_qk_lab::suite::{
-    Budget, Cells, ablation_table, aggregate, parse_variants, seed_table, write_curves_plot,
-    write_json, write_markdown,
+    Budget, Cells, ablation_table, aggregate, command_line, parse_variants, seed_table,
+    write_report,
 };
 use std::path::PathBuf;
 

@@ -13,8 +13,7 @@ use clap::Parser;
 use coupled_qk::model::AttentionVariant;
 use coupled_qk_lab::backend::dispatch_devices;
 use coupled_qk_lab::suite::{
-    Budget, CellResult, Cells, aggregate, first_reach, seed_table, write_curves_plot, write_json,
-    write_markdown,
+    Budget, CellResult, Cells, command_line, first_reach, seed_table, write_report,
 };
 use std::fmt::Write;
 use std::path::PathBuf;

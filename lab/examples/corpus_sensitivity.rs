@@ -13,8 +13,8 @@
 use clap::Parser;
 use coupled_qk_lab::backend::dispatch_devices;
 use coupled_qk_lab::suite::{
-    Budget, Cells, aggregate, change_pct, parse_variants, seed_table, shared_data_dir,
-    write_curves_plot, write_json, write_markdown,
+    Budget, Cells, aggregate, change_pct, command_line, parse_variants, seed_table,
+    shared_data_dir, write_report,
 };
 use std::fmt::Write;
 use std::path::PathBuf;

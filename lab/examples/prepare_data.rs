@@ -8,7 +8,7 @@
 
 use clap::Parser;
 use coupled_qk_lab::data::{
-    CorpusSource, Hub, LoadOptions, SplitOptions, TokenCache, TokenizerKind, load_corpus,
+    CorpusSource, LoadOptions, SplitOptions, TokenCache, TokenizerKind, load_corpus,
 };
 use std::path::PathBuf;
 

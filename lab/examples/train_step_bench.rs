@@ -33,8 +33,8 @@ use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Distribution, Tensor};
 use clap::Parser;
+use coupled_qk::CoupledQkAttentionConfig;
 use coupled_qk::model::{AttentionVariant, Gpt, GptConfig, Preset};
-use coupled_qk::{CoupledQkAttentionConfig, DynamicsConfig};
 use coupled_qk_lab::alloc::ALLOC;
 use coupled_qk_lab::backend::{BackendChoice, MultiDeviceTask, dispatch_devices};
 use coupled_qk_lab::data::TokenBatch;
@@ -313,7 +313,7 @@ impl MultiDeviceTask for Bench<'_> {
             "| config | variant | median step ms | tokens/s | ratio to standard | step peak MiB | memory ratio |\n|---|---|---|---|---|---|---|"
         );
         for shape in shapes(args) {
-            let mut runners: Vec<(&str, Step)> = Vec::new();
+            let mut runners: Vec<(String, Step)> = Vec::new();
             for (label, contender) in contenders(args) {
                 let step = match (&shape.model, &contender) {
                     (Some(model), Contender::Crate(variant)) => Some(model_step::<B>(

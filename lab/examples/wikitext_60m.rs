@@ -16,12 +16,10 @@
 
 use burn::tensor::backend::AutodiffBackend;
 use clap::Parser;
-use coupled_qk::DynamicsConfig;
 use coupled_qk::model::{AttentionVariant, GptConfig, Preset};
 use coupled_qk_lab::backend::{BackendChoice, MultiDeviceTask, dispatch_devices};
 use coupled_qk_lab::data::{
-    CorpusSource, Hub, LoadOptions, SplitOptions, TokenCache, TokenizedCorpus, TokenizerKind,
-    load_corpus,
+    CorpusSource, LoadOptions, SplitOptions, TokenizedCorpus, TokenizerKind, load_corpus,
 };
 use coupled_qk_lab::lm::{RunOptions, TrainConfig, train_on_devices};
 use std::path::PathBuf;

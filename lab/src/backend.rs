@@ -139,8 +139,8 @@ fn cuda_works() -> bool {
     false
 }
 
-/// Whether a first op on `device` runs (a missing device panics; that is the probe). Compiled in
-/// every build (it is generic), though only the GPU backends call it.
+/// Whether a first op on `device` runs (a missing device panics; that is the probe).
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
 fn answers<B: burn::tensor::backend::Backend>(device: &B::Device) -> bool {
     use burn::tensor::Tensor;
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {

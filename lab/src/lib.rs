@@ -12,8 +12,8 @@
 //!   compute-matched), their statistics and reports.
 //! - [`mqar`]: multi-query associative recall (Zoology's synthetic benchmark).
 //! - [`backend`]: the backend a program runs on (`--backend flex|ndarray|wgpu|cuda`).
-//! - [`schedule`], [`atomic`], [`alloc`]: the learning-rate schedule, atomic file writes and the
-//!   programs' allocator.
+//! - [`plot`], [`schedule`], [`atomic`], [`alloc`]: line charts as SVG, the learning-rate
+//!   schedule, atomic file writes and the programs' allocator.
 
 pub mod alloc;
 pub mod atomic;
@@ -21,5 +21,6 @@ pub mod backend;
 pub mod data;
 pub mod lm;
 pub mod mqar;
+pub mod plot;
 pub mod schedule;
 pub mod suite;

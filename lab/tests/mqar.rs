@@ -274,7 +274,7 @@ fn two_devices_give_the_one_device_gradient_when_shards_hold_different_query_cou
     let device = Default::default();
     <B as burn::tensor::backend::Backend>::seed(&device, 0);
     let model = GptConfig::new(t.vocab, 32, 2, 2, t.seq_len)
-        .with_variant(DynamicsConfig::euler(1).into())
+        .with_attention(DynamicsConfig::euler(1).into())
         .with_mlp_ratio(0)
         .init::<B>(&device);
     let flat = |devices: &[burn::tensor::Device<B>]| {

@@ -7,6 +7,7 @@ use super::source::{CorpusSource, SplitOptions, read_corpus};
 use super::tokenizer::{CHUNK_BYTES, Tokenizer, TokenizerKind, encode_parallel};
 use super::{DataError, TokenIds, TokenStream, TokenizedCorpus};
 use indicatif::{ProgressBar, ProgressStyle};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 

@@ -9,7 +9,7 @@
 
 use super::eval::batch_loss;
 use crate::data::TokenBatch;
-use burn::module::{AutodiffModule, Module};
+use burn::module::AutodiffModule;
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{ElementConversion, Tensor};

@@ -47,7 +47,6 @@ pub struct Trainer<'a, B: AutodiffBackend> {
     corpus: &'a TokenizedCorpus,
     devices: &'a [B::Device],
     out_dir: PathBuf,
-    quiet: bool,
     /// The step this invocation stops at (`max_steps`, or earlier with `stop_at`).
     stop: usize,
     windows: TrainWindows<'a>,
@@ -215,7 +214,6 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
             corpus,
             devices,
             out_dir: out_dir.to_path_buf(),
-            quiet: options.quiet,
             stop,
             windows,
             eval_set,

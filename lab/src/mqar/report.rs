@@ -2,7 +2,7 @@
 
 use super::sweep::{RunResult, SweepResults};
 use crate::atomic;
-use plotters::prelude::*;
+use crate::plot::{Chart, Line, write_charts};
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -133,69 +133,37 @@ pub fn write_markdown(results: &SweepResults, path: &Path, header: &str) -> std:
 pub fn write_plot(results: &SweepResults, path: &Path) -> Result<(), String> {
     let s = &results.sweep;
     let names = variant_names(results);
-    let width = 480 * s.d_models.len() as u32;
-    let mut svg = String::new();
-    {
-        let root = SVGBackend::with_string(&mut svg, (width.max(480), 360)).into_drawing_area();
-        root.fill(&WHITE).map_err(|e| e.to_string())?;
-        let panels = root.split_evenly((1, s.d_models.len()));
-        for (panel, &d_model) in panels.iter().zip(&s.d_models) {
-            let n = s.tasks.len();
-            let mut chart = ChartBuilder::on(panel)
-                .caption(format!("MQAR, d_model {d_model}"), ("sans-serif", 18))
-                .margin(10)
-                .x_label_area_size(40)
-                .y_label_area_size(45)
-                .build_cartesian_2d(-0.2f64..(n as f64 - 0.8), 0f64..1.02)
-                .map_err(|e| e.to_string())?;
-            chart
-                .configure_mesh()
-                .x_labels(n)
-                .x_label_formatter(&|x| {
-                    let i = x.round() as usize;
-                    if (x - i as f64).abs() < 1e-6 && i < n {
-                        format!("L{} D{}", s.tasks[i].0, s.tasks[i].1)
-                    } else {
-                        String::new()
-                    }
+    let ticks: Vec<String> = s
+        .tasks
+        .iter()
+        .map(|t| format!("L{} D{}", t.0, t.1))
+        .collect();
+    let charts: Vec<Chart> = s
+        .d_models
+        .iter()
+        .map(|&d_model| Chart {
+            title: format!("MQAR, d_model {d_model}"),
+            x_desc: String::new(),
+            y_desc: "test accuracy (mean over seeds)".into(),
+            lines: names
+                .iter()
+                .map(|name| Line {
+                    label: name.clone(),
+                    points: s
+                        .tasks
+                        .iter()
+                        .enumerate()
+                        .filter_map(|(i, &t)| {
+                            mean_accuracy(&per_seed(results, name, t, d_model))
+                                .map(|a| (i as f64, a))
+                        })
+                        .collect(),
                 })
-                .y_desc("test accuracy (mean over seeds)")
-                .draw()
-                .map_err(|e| e.to_string())?;
-            for (c, name) in names.iter().enumerate() {
-                let color = Palette99::pick(c).to_rgba();
-                let points: Vec<(f64, f64)> = s
-                    .tasks
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(i, &t)| {
-                        mean_accuracy(&per_seed(results, name, t, d_model)).map(|a| (i as f64, a))
-                    })
-                    .collect();
-                chart
-                    .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
-                    .map_err(|e| e.to_string())?
-                    .label(*name)
-                    .legend(move |(x, y)| {
-                        PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
-                    });
-                chart
-                    .draw_series(
-                        points
-                            .into_iter()
-                            .map(|p| Circle::new(p, 3, color.filled())),
-                    )
-                    .map_err(|e| e.to_string())?;
-            }
-            chart
-                .configure_series_labels()
-                .position(SeriesLabelPosition::LowerLeft)
-                .background_style(WHITE.mix(0.8))
-                .border_style(BLACK)
-                .draw()
-                .map_err(|e| e.to_string())?;
-        }
-        root.present().map_err(|e| e.to_string())?;
-    }
-    atomic::write(path, svg.as_bytes()).map_err(|e| format!("cannot write {}: {e}", path.display()))
+                .collect(),
+            y_range: Some(0.0..1.02),
+            x_ticks: Some(ticks.clone()),
+            legend_lower_left: true,
+        })
+        .collect();
+    write_charts(path, &charts, (480, 360))
 }

@@ -174,7 +174,7 @@ pub fn train<B: AutodiffBackend>(
         run.n_heads,
         run.task.seq_len,
     )
-    .with_variant(run.variant.clone())
+    .with_attention(run.variant.clone())
     .with_mlp_ratio(if run.mlp { 4 } else { 0 });
     let mut model: Gpt<B> = config.init(device);
     let (params, extra_params) = (

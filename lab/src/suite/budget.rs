@@ -4,8 +4,7 @@
 use super::{CellResult, Suite, run_cell};
 use crate::backend::{BackendChoice, MultiDeviceTask};
 use crate::data::{
-    CorpusSource, Hub, LoadOptions, SplitOptions, TokenCache, TokenizedCorpus, TokenizerKind,
-    load_corpus,
+    CorpusSource, LoadOptions, SplitOptions, TokenizedCorpus, TokenizerKind, load_corpus,
 };
 use crate::lm::TrainConfig;
 use burn::tensor::backend::AutodiffBackend;
