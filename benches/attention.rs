@@ -115,12 +115,13 @@ fn print_ratios() {
         let Some(standard) = median("standard") else {
             continue;
         };
-        let names = variants()
-            .into_iter()
-            .map(|(n, _)| n)
-            .chain(["burn-nn-mha"]);
+        let names: Vec<String> = variants()
+            .iter()
+            .map(|v| v.to_string())
+            .chain(["burn-nn-mha".to_string()])
+            .collect();
         for name in names {
-            if let Some(m) = median(name) {
+            if let Some(m) = median(&name) {
                 println!("| {group} | {name} | {m:.1} | {:.3} |", m / standard);
             }
         }

@@ -52,7 +52,14 @@ fn keep_freed_memory() {
     unsafe { mi_option_set_default(MI_OPTION_PURGE_DELAY, -1) }
 }
 
+impl Default for PeakAlloc {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl PeakAlloc {
+    /// An allocator that has counted nothing yet.
     pub const fn new() -> Self {
         Self {
             current: AtomicUsize::new(0),

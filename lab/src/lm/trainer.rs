@@ -329,9 +329,9 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
         self.interval = (self.interval.0 + train_time, self.interval.1 + step_tokens);
         self.total = (self.total.0 + train_time, self.total.1 + step_tokens);
 
-        let due = s % self.config.eval_every == 0 || s == self.config.max_steps;
+        let due = s.is_multiple_of(self.config.eval_every) || s == self.config.max_steps;
         let val = due.then(|| self.evaluate());
-        if val.is_some() || s % self.config.log_every == 0 {
+        if val.is_some() || s.is_multiple_of(self.config.log_every) {
             self.log_row(lr, val)?;
         }
         if let Some(v) = val {
@@ -342,7 +342,7 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
             }
         }
         self.show_progress(step_loss);
-        if s % self.config.checkpoint_every == 0 && s < self.stop {
+        if s.is_multiple_of(self.config.checkpoint_every) && s < self.stop {
             self.pending_checkpoint = Some(self.state());
         }
         Ok(step_loss)

@@ -55,7 +55,7 @@ pub struct Budget {
     /// Token cache folder (default: $COUPLED_QK_CACHE or ~/.cache/coupled-qk).
     #[arg(long)]
     pub cache_dir: Option<PathBuf>,
-    /// Where run folders go (default: <out>/runs). Programs given the same folder train each
+    /// Where run folders go (default: `<out>/runs`). Programs given the same folder train each
     /// equal cell (corpus, variant, seed, budget) once.
     #[arg(long)]
     pub runs_dir: Option<PathBuf>,
