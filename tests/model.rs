@@ -214,7 +214,7 @@ fn the_attention_variant_is_one_field_that_round_trips_through_json() {
         base.attention,
         AttentionVariant::Coupled(DynamicsConfig::euler(1))
     );
-    for name in AttentionVariant::NAMES {
+    for name in AttentionVariant::names() {
         let variant: AttentionVariant = name.parse().unwrap();
         let config = base.clone().with_attention(variant.clone());
         let json = serde_json::to_string(&config).unwrap();

@@ -85,12 +85,9 @@ impl DynamicsConfig {
     }
 }
 
-fn integrator_name(kind: IntegratorKind) -> &'static str {
-    match kind {
-        IntegratorKind::Euler => "euler",
-        IntegratorKind::Leapfrog => "leapfrog",
-    }
-}
+/// The built-in integrators, whose names ([`Integrator::name`](crate::Integrator::name)) the
+/// coupled variants take.
+const INTEGRATORS: [IntegratorKind; 2] = [IntegratorKind::Euler, IntegratorKind::Leapfrog];
 
 impl fmt::Display for DynamicsConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -98,7 +95,7 @@ impl fmt::Display for DynamicsConfig {
             Self::Standard => f.write_str("standard"),
             Self::MlpOnly => f.write_str("mlp-only"),
             Self::Coupled { integrator, steps } => {
-                write!(f, "{}{steps}", integrator_name(*integrator))
+                write!(f, "{}{steps}", integrator.build().name())
             }
         }
     }
@@ -110,16 +107,22 @@ impl FromStr for DynamicsConfig {
     fn from_str(name: &str) -> Result<Self, String> {
         let base = name.trim_end_matches(|c: char| c.is_ascii_digit());
         let digits = &name[base.len()..];
-        let integrator = match base {
-            "standard" | "mlp-only" if !digits.is_empty() => {
+        // The paper calls leapfrog the "Hamiltonian" variant.
+        let base = if base == "hamiltonian" {
+            "leapfrog"
+        } else {
+            base
+        };
+        let integrator = INTEGRATORS.into_iter().find(|k| k.build().name() == base);
+        let integrator = match (base, integrator) {
+            (_, Some(integrator)) => integrator,
+            ("standard" | "mlp-only", None) if !digits.is_empty() => {
                 return Err(format!(
                     "`{name}`: only euler and leapfrog take a step count"
                 ));
             }
-            "standard" => return Ok(Self::Standard),
-            "mlp-only" => return Ok(Self::MlpOnly),
-            "euler" => IntegratorKind::Euler,
-            "leapfrog" | "hamiltonian" => IntegratorKind::Leapfrog,
+            ("standard", None) => return Ok(Self::Standard),
+            ("mlp-only", None) => return Ok(Self::MlpOnly),
             _ => {
                 return Err(format!(
                     "unknown dynamics `{name}`: expected standard, mlp-only, euler or leapfrog \

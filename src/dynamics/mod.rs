@@ -77,20 +77,10 @@ impl<B: Backend> QkDynamics<B> {
                 integrator,
                 ..coupled
             }),
-            other => panic!(
-                "with_integrator: the dynamics are {}, which have no integrator; \
-                 build the layer with DynamicsConfig::Coupled",
-                other.name()
+            _ => panic!(
+                "with_integrator: standard and MLP-only dynamics have no integrator; \
+                 build the layer with DynamicsConfig::Coupled"
             ),
-        }
-    }
-
-    /// `standard`, `mlp-only` or `coupled`.
-    pub fn name(&self) -> &'static str {
-        match self {
-            Self::Standard(_) => "standard",
-            Self::MlpOnly(_) => "mlp-only",
-            Self::Coupled(_) => "coupled",
         }
     }
 

@@ -24,6 +24,9 @@ pub enum AttentionVariant {
 
 impl burn::config::Config for AttentionVariant {}
 
+/// The name of differential attention.
+const DIFFERENTIAL: &str = "diff";
+
 impl Default for AttentionVariant {
     /// One forward-Euler step, the paper's best 60M result.
     fn default() -> Self {
@@ -33,8 +36,11 @@ impl Default for AttentionVariant {
 
 impl AttentionVariant {
     /// The names [`FromStr`] takes, as a user would write them (`euler` and `leapfrog` take a step
-    /// count: `euler3`), in the order of the paper's table.
-    pub const NAMES: [&'static str; 5] = ["standard", "mlp-only", "euler", "leapfrog", "diff"];
+    /// count: `euler3`), in the order of the paper's table: [`DynamicsConfig::NAMES`], then
+    /// `diff`.
+    pub fn names() -> impl Iterator<Item = &'static str> {
+        DynamicsConfig::NAMES.into_iter().chain([DIFFERENTIAL])
+    }
 
     /// The dynamics of the coupled layer; `None` for differential attention.
     pub fn dynamics(&self) -> Option<&DynamicsConfig> {
@@ -69,7 +75,7 @@ impl fmt::Display for AttentionVariant {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Coupled(dynamics) => dynamics.fmt(f),
-            Self::Differential => f.write_str("diff"),
+            Self::Differential => f.write_str(DIFFERENTIAL),
         }
     }
 }
@@ -79,13 +85,13 @@ impl FromStr for AttentionVariant {
 
     fn from_str(name: &str) -> Result<Self, String> {
         match name {
-            "diff" | "differential" => Ok(Self::Differential),
+            DIFFERENTIAL | "differential" => Ok(Self::Differential),
             other => other.parse().map(Self::Coupled).map_err(|err: String| {
                 if err.starts_with("unknown") {
                     format!(
                         "unknown attention variant `{other}`: expected one of {} (euler and \
                          leapfrog with an optional step count, e.g. euler3)",
-                        Self::NAMES.join(", ")
+                        Self::names().collect::<Vec<_>>().join(", ")
                     )
                 } else {
                     err
@@ -114,7 +120,7 @@ mod tests {
 
     #[test]
     fn names_parse_and_print_back() {
-        for name in AttentionVariant::NAMES {
+        for name in AttentionVariant::names() {
             let variant: AttentionVariant = name.parse().unwrap();
             assert_eq!(variant.to_string().parse(), Ok(variant));
         }

@@ -1,4 +1,5 @@
 //! Helpers shared by the integration tests.
+// Each test binary mounts this module and uses a different subset of it.
 #![allow(dead_code)]
 
 use burn::backend::{Autodiff, Flex};
