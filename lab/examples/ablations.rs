@@ -86,25 +86,27 @@ fn run(args: Args) -> Result<(), String> {
         variants.len(),
         args.seeds.len()
     );
-    let results = dispatch_devices(
+    let outcome = dispatch_devices(
         args.budget.backend,
         usize::from(args.budget.devices),
         Cells {
             suite: &suite,
             cells,
         },
-    )??;
-    let aggregates = aggregate(&results);
+    )?;
+    let results = &outcome.results;
+    let aggregates = aggregate(results);
     let md = format!(
         "{header}{}\nThe paper's column is its 60M model on WikiText-103 (validation perplexity, std over seeds); \
          Δ is relative to standard. Runs here are far smaller: compare directions and spreads, not values.\n\n## Per seed\n\n{}",
         ablation_table(&aggregates, &corpus.name),
-        seed_table(&results)
+        seed_table(results)
     );
     write_report(
         &args.out,
         &md,
-        &results,
+        &outcome,
         serde_json::json!({ "corpus": corpus.name }),
-    )
+    )?;
+    outcome.check()
 }

@@ -12,9 +12,7 @@
 use clap::Parser;
 use coupled_qk::model::AttentionVariant;
 use coupled_qk_lab::backend::dispatch_devices;
-use coupled_qk_lab::suite::{
-    Budget, CellResult, Cells, command_line, first_reach, seed_table, write_report,
-};
+use coupled_qk_lab::suite::{Budget, Cells, command_line, first_reach, seed_table, write_report};
 use std::fmt::Write;
 use std::path::PathBuf;
 
@@ -78,21 +76,30 @@ fn run(args: Args) -> Result<(), String> {
         cells.push((&corpus, coupled_label.clone(), coupled));
         cells.push((&corpus, baseline_label.clone(), long));
     }
-    let results: Vec<CellResult> = dispatch_devices(
+    let outcome = dispatch_devices(
         args.budget.backend,
         usize::from(args.budget.devices),
         Cells {
             suite: &suite,
             cells,
         },
-    )??;
+    )?;
+    let results = &outcome.results;
+    let Some(coupled_tokens) = results
+        .iter()
+        .find(|r| r.variant == coupled_label)
+        .map(|r| r.tokens)
+    else {
+        outcome.check()?;
+        return Err("no coupled cell finished".into());
+    };
     let mut md = format!(
         "# Compute-matched comparison on {}\n\n`{}` for {} tokens against `{}` for {}× as many. Command: \
          `{}`\n\n\
          | seed | {} final val loss | tokens | wall s | {} reaches it at tokens | wall s | token ratio | wall-clock ratio |\n|---|---|---|---|---|---|---|---|\n",
         corpus.name,
         args.coupled,
-        results[0].tokens,
+        coupled_tokens,
         args.baseline,
         args.factor,
         command_line("compute_matched"),
@@ -141,6 +148,7 @@ fn run(args: Args) -> Result<(), String> {
          tokens would have. That can move the crossing either way (annealing lowers the loss; a longer \
          high-rate phase can learn faster); compare with a standard run of the coupled run's budget.\n",
     );
-    md.push_str(&format!("\n## Per run\n\n{}", seed_table(&results)));
-    write_report(&args.out, &md, &results, serde_json::Value::Array(rows))
+    md.push_str(&format!("\n## Per run\n\n{}", seed_table(results)));
+    write_report(&args.out, &md, &outcome, serde_json::Value::Array(rows))?;
+    outcome.check()
 }

@@ -118,15 +118,16 @@ fn run(args: Args) -> Result<(), String> {
         variants.len(),
         args.seeds.len()
     );
-    let results = dispatch_devices(
+    let outcome = dispatch_devices(
         args.budget.backend,
         usize::from(args.budget.devices),
         Cells {
             suite: &suite,
             cells,
         },
-    )??;
-    let aggregates = aggregate(&results);
+    )?;
+    let results = &outcome.results;
+    let aggregates = aggregate(results);
     let baseline = &variants[0].to_string();
     let mut columns = vec!["corpus".to_string(), "kind".to_string()];
     columns.extend(variants.iter().map(|v| format!("{v} ppl")));
@@ -169,6 +170,7 @@ fn run(args: Args) -> Result<(), String> {
     for (corpus, kind, delta) in PAPER {
         let _ = writeln!(md, "| {corpus} | {kind} | {delta:+.1}% |");
     }
-    md.push_str(&format!("\n## Per seed\n\n{}", seed_table(&results)));
-    write_report(&args.out, &md, &results, serde_json::Value::Array(summary))
+    md.push_str(&format!("\n## Per seed\n\n{}", seed_table(results)));
+    write_report(&args.out, &md, &outcome, serde_json::Value::Array(summary))?;
+    outcome.check()
 }

@@ -48,8 +48,8 @@ struct Args {
     /// Optimiser steps (default: by preset, see docs/reproducing.md).
     #[arg(long)]
     max_steps: Option<usize>,
-    /// Training tokens in all; sets the steps from the tokens per step (overrides --max-steps).
-    #[arg(long)]
+    /// Training tokens in all; sets the steps from the tokens per step.
+    #[arg(long, conflicts_with = "max_steps")]
     tokens: Option<u64>,
     /// Tokens per window (default: the preset's context).
     #[arg(long)]
@@ -84,6 +84,10 @@ struct Args {
     /// Continue the run in --out from its newest checkpoint.
     #[arg(long)]
     resume: bool,
+    /// Start a fresh run in an --out folder that is not empty and holds no run (files of the same
+    /// names are overwritten).
+    #[arg(long)]
+    force: bool,
     /// Stop after this step as if interrupted (the schedule still spans all steps); --resume continues.
     #[arg(long)]
     stop_at: Option<usize>,
@@ -101,6 +105,82 @@ struct Args {
     /// Fraction of documents held out for validation (JSONL and text corpora).
     #[arg(long, default_value_t = 0.1)]
     valid_fraction: f64,
+}
+
+/// Applies the flags to the preset's defaults. A flag that breaks a rule is refused; a preset
+/// default that does not fit the flags is lowered, and the returned notes say which.
+fn apply_flags(args: &Args, config: &mut TrainConfig) -> Result<Vec<String>, String> {
+    let positive = |flag: &str, value: Option<usize>| match value {
+        Some(0) => Err(format!("{flag} 0: must be at least 1")),
+        _ => Ok(value),
+    };
+    config.seed = args.seed;
+    if let Some(v) = positive("--seq-len", args.seq_len)? {
+        config.seq_len = v;
+    }
+    if let Some(v) = positive("--batch-size", args.batch_size)? {
+        config.batch_size = v;
+    }
+    if let Some(v) = positive("--grad-accum", args.grad_accum)? {
+        config.grad_accum = v;
+    }
+    if let Some(v) = args.lr {
+        config.lr = v;
+    }
+    config.eval_windows = positive("--eval-windows", args.eval_windows)?;
+    if let Some(v) = positive("--max-steps", args.max_steps)? {
+        config.max_steps = v;
+    }
+    if let Some(tokens) = args.tokens {
+        let per_step = config.tokens_per_step();
+        if tokens < per_step {
+            return Err(format!(
+                "--tokens {tokens}: fewer than one step of {per_step} tokens (batch size × \
+                 grad accum × seq len); give at least {per_step}"
+            ));
+        }
+        config.max_steps = tokens.div_ceil(per_step) as usize;
+    }
+    let steps = config.max_steps;
+    let mut notes = Vec::new();
+    match args.warmup {
+        Some(v) if v > steps => {
+            return Err(format!(
+                "--warmup {v}: must be at most the {steps} training steps"
+            ));
+        }
+        Some(v) => config.warmup_steps = v,
+        None if config.warmup_steps > steps / 2 => {
+            notes.push(format!(
+                "the preset's {} warmup steps lowered to {} (half of {steps} steps)",
+                config.warmup_steps,
+                steps / 2
+            ));
+            config.warmup_steps = steps / 2;
+        }
+        None => {}
+    }
+    for (flag, given, field) in [
+        ("--eval-every", args.eval_every, &mut config.eval_every),
+        (
+            "--checkpoint-every",
+            args.checkpoint_every,
+            &mut config.checkpoint_every,
+        ),
+    ] {
+        match positive(flag, given)? {
+            Some(v) => *field = v,
+            None if *field > steps => {
+                notes.push(format!(
+                    "the preset's {flag} {} lowered to the {steps} training steps",
+                    *field
+                ));
+                *field = steps;
+            }
+            None => {}
+        }
+    }
+    Ok(notes)
 }
 
 fn main() {
@@ -151,41 +231,12 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let corpus = load_corpus(&source, args.tokenizer, &options)?.corpus;
 
     let model = GptConfig::preset(args.preset, corpus.vocab_size)
-        .with_attention(args.attention.with_steps(args.steps));
+        .with_attention(args.attention.clone().with_steps(args.steps));
     let mut config = TrainConfig::new(model);
     preset_defaults(args.preset, &mut config);
-    config.seed = args.seed;
-    if let Some(v) = args.seq_len {
-        config.seq_len = v;
+    for note in apply_flags(&args, &mut config)? {
+        eprintln!("note: {note}");
     }
-    if let Some(v) = args.batch_size {
-        config.batch_size = v;
-    }
-    if let Some(v) = args.grad_accum {
-        config.grad_accum = v;
-    }
-    if let Some(v) = args.lr {
-        config.lr = v;
-    }
-    if let Some(v) = args.warmup {
-        config.warmup_steps = v;
-    }
-    if let Some(v) = args.eval_every {
-        config.eval_every = v;
-    }
-    if let Some(v) = args.checkpoint_every {
-        config.checkpoint_every = v;
-    }
-    config.eval_windows = args.eval_windows;
-    if let Some(v) = args.max_steps {
-        config.max_steps = v;
-    }
-    if let Some(tokens) = args.tokens {
-        config.max_steps = tokens.div_ceil(config.tokens_per_step()).max(1) as usize;
-    }
-    config.warmup_steps = config.warmup_steps.min(config.max_steps / 2);
-    config.eval_every = config.eval_every.min(config.max_steps).max(1);
-    config.checkpoint_every = config.checkpoint_every.min(config.max_steps).max(1);
 
     let attention = &config.model.attention;
     let out = args.out.clone().unwrap_or_else(|| {
@@ -211,6 +262,20 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         options: RunOptions {
             resume: args.resume,
             stop_at: args.stop_at,
+            force: args.force,
+            // A resume may change the optimiser settings whose flags it gives (a lower --lr
+            // after a divergence, ...); anything else that differs is still refused.
+            allow_changes: [
+                (args.lr.is_some(), "lr"),
+                (args.warmup.is_some(), "warmup_steps"),
+                (
+                    args.max_steps.is_some() || args.tokens.is_some(),
+                    "max_steps",
+                ),
+            ]
+            .into_iter()
+            .filter_map(|(given, field)| given.then_some(field))
+            .collect(),
             ..RunOptions::default()
         },
         preset: args.preset,

@@ -127,11 +127,10 @@ fn cuda_works() -> bool {
     use burn::backend::Cuda;
     use burn::tensor::Tensor;
     // Without a GPU the first CUDA op panics; that is the probe.
-    std::panic::catch_unwind(|| {
+    runs_quietly(|| {
         let device = burn::backend::cuda::CudaDevice::default();
         Tensor::<Cuda, 1>::ones([1], &device).into_data();
     })
-    .is_ok()
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -139,14 +138,27 @@ fn cuda_works() -> bool {
     false
 }
 
+/// Whether `probe` returns without panicking. A probe's panic means "no such device", not a
+/// crash: its message is not printed (the panic hook is swapped out meanwhile, one probe at a
+/// time, since the hook belongs to the whole process).
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
+fn runs_quietly(probe: impl FnOnce()) -> bool {
+    static PROBING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = PROBING.lock().unwrap_or_else(|p| p.into_inner());
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let works = std::panic::catch_unwind(std::panic::AssertUnwindSafe(probe)).is_ok();
+    std::panic::set_hook(hook);
+    works
+}
+
 /// Whether a first op on `device` runs (a missing device panics; that is the probe).
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
 fn answers<B: burn::tensor::backend::Backend>(device: &B::Device) -> bool {
     use burn::tensor::Tensor;
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+    runs_quietly(|| {
         Tensor::<B, 1>::ones([1], device).into_data();
-    }))
-    .is_ok()
+    })
 }
 
 #[cfg(feature = "cuda")]

@@ -145,7 +145,7 @@ fn the_token_cache_is_reused_and_rebuilt_when_stale_or_broken() {
         std::fs::write(file, &bytes[..bytes.len() - 3]).unwrap();
         let key = file.file_stem().unwrap().to_str().unwrap();
         assert!(matches!(
-            options.cache.load(key, "gpt2", 0),
+            options.cache.load(key, "gpt2", 0, 50257),
             Err(Stale::Corrupt(_)) | Err(Stale::Mismatch(_))
         ));
     }
@@ -175,18 +175,20 @@ fn cache_files_name_why_they_are_stale() {
     let dir = temp_dir("stale");
     let cache = TokenCache::new(&dir);
     let ids = TokenIds::from_u32(vec![5, 6, 7], 256);
-    assert_eq!(cache.load("k", "bytes", 1), Err(Stale::Missing));
+    assert_eq!(cache.load("k", "bytes", 1, 256), Err(Stale::Missing));
     cache.store("k", "bytes", 1, &ids).unwrap();
-    assert_eq!(cache.load("k", "bytes", 1), Ok(ids));
+    assert_eq!(cache.load("k", "bytes", 1, 256), Ok(ids));
     assert!(
-        matches!(cache.load("k", "gpt2", 1), Err(Stale::Mismatch(m)) if m.contains("tokenizer"))
+        matches!(cache.load("k", "gpt2", 1, 256), Err(Stale::Mismatch(m)) if m.contains("tokenizer"))
     );
-    assert!(matches!(cache.load("k", "bytes", 2), Err(Stale::Mismatch(m)) if m.contains("source")));
+    assert!(
+        matches!(cache.load("k", "bytes", 2, 256), Err(Stale::Mismatch(m)) if m.contains("source"))
+    );
     // Truncated, with everything else right: corrupt, not used.
     let bytes = std::fs::read(cache.path("k")).unwrap();
     std::fs::write(cache.path("k"), &bytes[..bytes.len() - 1]).unwrap();
     assert!(
-        matches!(cache.load("k", "bytes", 1), Err(Stale::Corrupt(m)) if m.contains("header says"))
+        matches!(cache.load("k", "bytes", 1, 256), Err(Stale::Corrupt(m)) if m.contains("header says"))
     );
     cache
         .store("k", "bytes", 1, &TokenIds::from_u32(vec![5, 6, 7], 256))
@@ -196,12 +198,32 @@ fn cache_files_name_why_they_are_stale() {
     bytes[40..48].copy_from_slice(&u64::MAX.to_le_bytes());
     std::fs::write(cache.path("k"), &bytes).unwrap();
     assert!(matches!(
-        cache.load("k", "bytes", 1),
+        cache.load("k", "bytes", 1, 256),
         Err(Stale::Corrupt(_))
     ));
+    // The right length but a changed id: the checksum catches it.
+    cache
+        .store("k", "bytes", 1, &TokenIds::from_u32(vec![5, 6, 7], 256))
+        .unwrap();
+    let mut bytes = std::fs::read(cache.path("k")).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    std::fs::write(cache.path("k"), &bytes).unwrap();
+    assert!(
+        matches!(cache.load("k", "bytes", 1, 256), Err(Stale::Corrupt(m)) if m.contains("checksum"))
+    );
+    // A whole file with an id the vocabulary does not have: refused before it can index an
+    // embedding out of range.
+    cache
+        .store("k", "bytes", 1, &TokenIds::from_u32(vec![5, 300, 7], 512))
+        .unwrap();
+    assert!(
+        matches!(cache.load("k", "bytes", 1, 256), Err(Stale::Corrupt(m)) if m.contains("id 300"))
+    );
+    assert!(cache.load("k", "bytes", 1, 512).is_ok());
     std::fs::write(cache.path("k"), b"garbage").unwrap();
     assert!(matches!(
-        cache.load("k", "bytes", 1),
+        cache.load("k", "bytes", 1, 256),
         Err(Stale::Corrupt(_))
     ));
 }
@@ -478,6 +500,20 @@ fn bits_per_byte_is_total_bits_over_bytes() {
 
 // ---- the Hub download path, against a loopback server ----
 
+/// Every file under `dir`, following no links.
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            out.extend(walk(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out
+}
+
 fn hub_for(server: &HubServer, cache: &Path) -> Hub {
     Hub {
         endpoint: Some(server.endpoint()),
@@ -572,10 +608,22 @@ fn failed_downloads_name_the_url_and_leave_nothing_usable() {
         .wikitext_split(WikiText::Wiki2, "validation")
         .unwrap_err()
         .to_string();
-    assert!(
-        e.contains("incomplete or corrupt") && e.contains("removed"),
-        "{e}"
-    );
+    assert!(e.contains("incomplete") && e.contains("removed"), "{e}");
+    // A whole file that does not read as this program expects (here: no `text` column) is
+    // reported and kept: only a file proven truncated is deleted from the user's cache.
+    let odd = HubServer::start(Mode::Serve);
+    odd.add(WIKI2_VALID, parquet_of("body", &wiki_rows()));
+    let odd_dir = dir.join("odd");
+    let e = hub_for(&odd, &odd_dir)
+        .wikitext_split(WikiText::Wiki2, "validation")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("`text` column") && e.contains("kept"), "{e}");
+    let kept: Vec<_> = walk(&odd_dir)
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|x| x == "parquet") && p.exists())
+        .collect();
+    assert_eq!(kept.len(), 1, "the whole file stays in the cache: {kept:?}");
     let good = HubServer::start(Mode::Serve);
     good.add(WIKI2_VALID, parquet_of("text", &wiki_rows()));
     let text = hub_for(&good, &dir)

@@ -9,8 +9,9 @@ use burn::tensor::Tensor;
 use coupled_qk::model::{GptConfig, Preset};
 use coupled_qk_lab::data::{TokenIds, TokenStream, TokenizedCorpus, TrainWindows};
 use coupled_qk_lab::lm::{
-    HEADER, MetricsRow, RunConfig, RunOptions, TrainConfig, TrainError, batch_gradients,
-    differing_fields, list_checkpoints, read_metrics, train, train_on_devices, train_with,
+    HEADER, MetricsRow, RecordedChange, RunConfig, RunOptions, TrainConfig, TrainError,
+    batch_gradients, differing_fields, list_checkpoints, read_metrics, train, train_on_devices,
+    train_with,
 };
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -226,6 +227,16 @@ fn a_resumed_run_repeats_the_uninterrupted_losses() {
     let stopped = train_with::<B>(&config, &corpus, &split, &first, &device).unwrap();
     assert!(!stopped.finished);
     assert_eq!(steps(&split), [4, 6]);
+    // A run killed after the checkpoint of step 6 had written rows past it, the last one torn:
+    // both are dropped on resume (the uninterrupted losses below show it).
+    {
+        use std::io::Write;
+        let mut csv = std::fs::OpenOptions::new()
+            .append(true)
+            .open(split.join("metrics.csv"))
+            .unwrap();
+        write!(csv, "7,1,not-a-number,,,,,,\n8,1,0.1,4.").unwrap();
+    }
     let resumed = train_with::<B>(
         &config,
         &corpus,
@@ -343,9 +354,10 @@ fn a_divergence_stops_the_run_and_keeps_the_last_good_checkpoint() {
         other => panic!("expected ConfigMismatch, got {other:?}"),
     }
 
+    // Allowed as an optimiser change: resumed, and recorded in config.json with its step.
     let forced = RunOptions {
         resume: true,
-        allow_config_change: true,
+        allow_changes: vec!["lr"],
         ..quiet()
     };
     let error = train_with::<B>(&bad, &corpus, &dir, &forced, &device).unwrap_err();
@@ -366,6 +378,38 @@ fn a_divergence_stops_the_run_and_keeps_the_last_good_checkpoint() {
     }
     assert!(error.to_string().contains("step-0000004"));
     assert_eq!(steps(&dir), [2, 4], "no checkpoint of the diverged state");
+    let recorded: RunConfig =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    assert_eq!(recorded.train.lr, 1e30);
+    assert_eq!(
+        recorded.changes,
+        [RecordedChange {
+            step: 4,
+            field: "lr".into(),
+            old: "0.003".into(),
+            new: "1e+30".into(),
+        }]
+    );
+
+    // An architecture change is refused even where optimiser changes are allowed.
+    let mut wider = good.clone();
+    wider.model.d_model = 64;
+    let refused = train_with::<B>(&wider, &corpus, &dir, &forced, &device);
+    assert!(
+        matches!(&refused, Err(TrainError::ConfigMismatch { changes, .. }) if changes.iter().any(|c| c.field == "model.d_model")),
+        "{refused:?}"
+    );
+    // Forced with allow_config_change, the checkpoint's shapes are checked against the model.
+    let any = RunOptions {
+        resume: true,
+        allow_config_change: true,
+        ..quiet()
+    };
+    let err = train_with::<B>(&wider, &corpus, &dir, &any, &device).unwrap_err();
+    assert!(
+        err.to_string().contains("shape") && err.to_string().contains("another architecture"),
+        "{err}"
+    );
 
     // The kept checkpoint still loads and trains.
     let back = RunOptions {
@@ -666,4 +710,54 @@ fn the_programs_allocator_keeps_freed_memory_unless_told_otherwise() {
             );
         }
     }
+}
+
+#[test]
+fn a_fresh_run_refuses_a_folder_of_other_files_unless_forced() {
+    let _guard = serial();
+    let corpus = corpus();
+    let dir = out_dir("not-a-run");
+    std::fs::create_dir_all(dir.join("checkpoints/step-0000001")).unwrap();
+    std::fs::write(dir.join("metrics.csv"), "someone else's data\n").unwrap();
+    let device = Default::default();
+    let config = tiny(2);
+    let err = train_with::<B>(&config, &corpus, &dir, &quiet(), &device).unwrap_err();
+    assert!(matches!(err, TrainError::FolderNotEmpty { .. }), "{err}");
+    assert!(err.to_string().contains("--force"), "{err}");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("metrics.csv")).unwrap(),
+        "someone else's data\n",
+        "nothing is overwritten"
+    );
+    assert!(
+        dir.join("checkpoints/step-0000001").is_dir(),
+        "nothing is deleted"
+    );
+    assert!(!dir.join(".lock").exists(), "nothing is left");
+    let forced = RunOptions {
+        force: true,
+        ..quiet()
+    };
+    train_with::<B>(&config, &corpus, &dir, &forced, &device).unwrap();
+    assert_eq!(read_metrics(&dir.join("metrics.csv")).unwrap().len(), 2);
+}
+
+#[test]
+fn a_run_folder_in_use_by_another_process_is_refused() {
+    let _guard = serial();
+    let corpus = corpus();
+    let dir = out_dir("locked");
+    std::fs::create_dir_all(&dir).unwrap();
+    // Another process's lock, as the OS sees it: a second open file description holding it.
+    let other = std::fs::File::create(dir.join(".lock")).unwrap();
+    other.lock().unwrap();
+    std::fs::write(dir.join(".lock"), "4242").unwrap();
+    let device = Default::default();
+    let err = train_with::<B>(&tiny(2), &corpus, &dir, &quiet(), &device).unwrap_err();
+    assert!(matches!(err, TrainError::RunInUse { .. }), "{err}");
+    assert!(err.to_string().contains("process 4242"), "{err}");
+    assert!(!dir.join("config.json").exists(), "nothing is written");
+    // Released (as when that process ends): the run goes ahead.
+    drop(other);
+    train_with::<B>(&tiny(2), &corpus, &dir, &quiet(), &device).unwrap();
 }

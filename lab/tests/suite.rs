@@ -87,3 +87,100 @@ fn first_reach_interpolates_between_evaluations() {
     assert_eq!(first_reach(&curve, 3.5), Some((100.0, 1.0)));
     assert_eq!(first_reach(&curve, 0.5), None);
 }
+
+/// A small coherent text corpus through the real pipeline, in a fresh folder.
+fn small_corpus(dir: &std::path::Path) -> coupled_qk_lab::data::TokenizedCorpus {
+    use coupled_qk_lab::data::{
+        CorpusSource, LoadOptions, SplitOptions, TokenCache, TokenizerKind, load_corpus,
+    };
+    let mut text = String::new();
+    for i in 0..40 {
+        text.push_str(&format!(
+            "The river runs past the mill number {i}, and the miller counts the sacks of grain \
+             that the carts bring down from the hill every morning.\n\n"
+        ));
+    }
+    let path = dir.join("corpus.txt");
+    std::fs::write(&path, text).unwrap();
+    let options = LoadOptions {
+        split: SplitOptions {
+            valid_fraction: 0.25,
+            seed: 0,
+        },
+        cache: TokenCache::new(dir.join("cache")),
+        verbose: false,
+        ..LoadOptions::default()
+    };
+    load_corpus(&CorpusSource::Text(path), TokenizerKind::Bytes, &options)
+        .unwrap()
+        .corpus
+}
+
+#[test]
+fn a_failing_cell_is_recorded_the_others_run_and_a_retry_trains_it_again() {
+    use burn::backend::{Autodiff, Flex};
+    use coupled_qk::model::GptConfig;
+    use coupled_qk_lab::backend::MultiDeviceTask;
+    use coupled_qk_lab::lm::TrainConfig;
+    use coupled_qk_lab::suite::{Cells, FailedCell, Suite};
+    type B = Autodiff<Flex>;
+
+    let dir = std::env::temp_dir().join(format!("coupled-qk-suite-fail-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let corpus = small_corpus(&dir);
+    let config = |lr: f64| {
+        let mut c = TrainConfig::new(GptConfig::new(256, 16, 1, 2, 32));
+        c.seq_len = 32;
+        c.batch_size = 2;
+        c.max_steps = 3;
+        c.warmup_steps = 1;
+        c.eval_every = 3;
+        c.eval_windows = Some(2);
+        c.lr = lr;
+        c
+    };
+    let suite = |retry_failed| Suite {
+        runs: dir.join("runs"),
+        quiet: true,
+        retry_failed,
+    };
+    let run = |suite: &Suite, bad_lr: f64| {
+        Cells {
+            suite,
+            cells: vec![
+                (&corpus, "diverges".to_string(), config(bad_lr)),
+                (&corpus, "fine".to_string(), config(1e-3)),
+            ],
+        }
+        .run::<B>(vec![Default::default()], "flex", false)
+    };
+
+    // AdamW moves every weight by about the learning rate: 1e30 overflows at once.
+    let first = run(&suite(false), 1e30);
+    assert_eq!(first.results.len(), 1, "the other cell ran");
+    assert_eq!(first.results[0].variant, "fine");
+    assert_eq!(first.failed.len(), 1);
+    let failed = &first.failed[0];
+    assert_eq!((failed.variant.as_str(), failed.seed), ("diverges", 0));
+    assert!(failed.error.contains("the loss is"), "{}", failed.error);
+    assert_eq!(FailedCell::recorded(&failed.dir).as_ref(), Some(failed));
+    let err = first.check().unwrap_err();
+    assert!(
+        err.contains("diverges") && err.contains("--retry-failed"),
+        "{err}"
+    );
+
+    // Rerun: the failed cell is reported again without training (even with a good config now).
+    let second = run(&suite(false), 1e-3);
+    assert_eq!(second.failed, first.failed);
+    assert_eq!(second.results.len(), 1);
+
+    // Retry: trained from scratch, with the config given now.
+    let third = run(&suite(true), 1e-3);
+    assert!(third.failed.is_empty(), "{:?}", third.failed);
+    assert_eq!(third.results.len(), 2);
+    assert!(FailedCell::recorded(&failed.dir).is_none());
+    third.check().unwrap();
+    std::fs::remove_dir_all(dir).unwrap();
+}

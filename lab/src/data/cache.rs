@@ -1,19 +1,20 @@
 //! The token cache: a split's ids in a binary file with a header, so the next run skips
-//! tokenisation. A file whose header, source hash or length does not match is rebuilt, never used;
-//! every write goes through a temporary file renamed into place.
+//! tokenisation. A file whose header, source hash, length, checksum or ids do not match is
+//! rebuilt, never used; every write goes through a temporary file renamed into place.
 //!
 //! Layout (little-endian): magic `CQKTOKS\n` · format version u32 · id width u32 (2 or 4) ·
 //! tokenizer id (16 bytes, zero-padded) · FNV-1a 64 hash of the source text u64 · id count u64 ·
-//! the ids.
+//! XXH64 (seed 0) of the ids' bytes u64 · the ids.
 
 use super::{DataError, TokenIds};
 use crate::atomic;
 use std::path::PathBuf;
+use twox_hash::XxHash64;
 
 const MAGIC: &[u8; 8] = b"CQKTOKS\n";
 /// The cache format's version; a file of another version is rebuilt.
-pub const FORMAT_VERSION: u32 = 1;
-const HEADER_LEN: usize = 8 + 4 + 4 + 16 + 8 + 8;
+pub const FORMAT_VERSION: u32 = 2;
+const HEADER_LEN: usize = 8 + 4 + 4 + 16 + 8 + 8 + 8;
 
 /// Token caches in one folder.
 #[derive(Clone, Debug)]
@@ -26,7 +27,8 @@ pub struct TokenCache {
 pub enum Stale {
     /// No file yet.
     Missing,
-    /// The file is shorter or longer than its header says, or its header is unreadable.
+    /// The file is shorter or longer than its header says, its header is unreadable, its body
+    /// does not match its checksum, or it holds an id outside the vocabulary.
     Corrupt(String),
     /// Written by another tokenizer, format version or source text.
     Mismatch(String),
@@ -57,16 +59,22 @@ impl TokenCache {
         self.dir.join(format!("{key}.tok"))
     }
 
-    /// The cached ids of `key` if the file is complete and was written by `tokenizer` from a
-    /// source with hash `source_hash`.
-    pub fn load(&self, key: &str, tokenizer: &str, source_hash: u64) -> Result<TokenIds, Stale> {
+    /// The cached ids of `key` if the file is whole (length and checksum), was written by
+    /// `tokenizer` from a source with hash `source_hash`, and every id is below `vocab_size`.
+    pub fn load(
+        &self,
+        key: &str,
+        tokenizer: &str,
+        source_hash: u64,
+        vocab_size: usize,
+    ) -> Result<TokenIds, Stale> {
         let path = self.path(key);
         let bytes = match std::fs::read(&path) {
             Ok(bytes) => bytes,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(Stale::Missing),
             Err(e) => return Err(Stale::Corrupt(format!("unreadable: {e}"))),
         };
-        decode(&bytes, tokenizer, source_hash)
+        decode(&bytes, tokenizer, source_hash, vocab_size)
     }
 
     /// Writes the ids of `key` atomically.
@@ -92,6 +100,7 @@ fn encode(ids: &TokenIds, tokenizer: &str, source_hash: u64) -> Vec<u8> {
     out.extend_from_slice(&tokenizer_field(tokenizer));
     out.extend_from_slice(&source_hash.to_le_bytes());
     out.extend_from_slice(&(ids.len() as u64).to_le_bytes());
+    out.extend_from_slice(&[0; 8]); // the checksum, filled in below
     match ids {
         TokenIds::U16(v) => v
             .iter()
@@ -100,10 +109,17 @@ fn encode(ids: &TokenIds, tokenizer: &str, source_hash: u64) -> Vec<u8> {
             .iter()
             .for_each(|id| out.extend_from_slice(&id.to_le_bytes())),
     }
+    let checksum = XxHash64::oneshot(0, &out[HEADER_LEN..]);
+    out[48..56].copy_from_slice(&checksum.to_le_bytes());
     out
 }
 
-fn decode(bytes: &[u8], tokenizer: &str, source_hash: u64) -> Result<TokenIds, Stale> {
+fn decode(
+    bytes: &[u8],
+    tokenizer: &str,
+    source_hash: u64,
+    vocab_size: usize,
+) -> Result<TokenIds, Stale> {
     if bytes.len() < HEADER_LEN || &bytes[..8] != MAGIC {
         return Err(Stale::Corrupt("no token-cache header".into()));
     }
@@ -141,7 +157,10 @@ fn decode(bytes: &[u8], tokenizer: &str, source_hash: u64) -> Result<TokenIds, S
             u64_at(40).saturating_mul(width as u64)
         )));
     }
-    Ok(match width {
+    if XxHash64::oneshot(0, body) != u64_at(48) {
+        return Err(Stale::Corrupt("the ids do not match their checksum".into()));
+    }
+    let ids = match width {
         2 => TokenIds::U16(
             body.chunks_exact(2)
                 .map(|c| u16::from_le_bytes([c[0], c[1]]))
@@ -152,7 +171,16 @@ fn decode(bytes: &[u8], tokenizer: &str, source_hash: u64) -> Result<TokenIds, S
                 .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
                 .collect(),
         ),
-    })
+    };
+    if let Some(id) = (0..ids.len())
+        .map(|i| ids.get(i))
+        .find(|&id| id as usize >= vocab_size)
+    {
+        return Err(Stale::Corrupt(format!(
+            "id {id} is outside the vocabulary of {vocab_size}"
+        )));
+    }
+    Ok(ids)
 }
 
 fn tokenizer_field(tokenizer: &str) -> [u8; 16] {

@@ -78,8 +78,9 @@ pub struct Hub {
 
 impl Hub {
     /// The local path of `filename` in `repo` (a dataset), downloading it if it is not cached.
-    /// A file that does not read as parquet (a truncated or corrupt download) is removed from the
-    /// cache and reported, never used.
+    /// A file that does not read as parquet is reported, never used; it is removed from the cache
+    /// only when it is proven truncated (no parquet footer), so that a codec this build lacks or
+    /// a passing I/O error never costs the user their download.
     pub fn dataset_file(&self, repo: &str, filename: &str) -> Result<PathBuf, DataError> {
         let mut builder = ApiBuilder::from_env().with_progress(self.progress);
         if let Some(endpoint) = &self.endpoint {
@@ -101,14 +102,7 @@ impl Hub {
             hint: wikitext_hint(),
         })?;
         if let Err(problem) = check_parquet(&path) {
-            let removed = remove_cached(&path);
-            return Err(DataError::Download {
-                url,
-                message: format!(
-                    "the downloaded file is incomplete or corrupt ({problem}); {removed}"
-                ),
-                hint: "run again to download it afresh".into(),
-            });
+            return Err(unreadable(url, &path, &problem));
         }
         Ok(path)
     }
@@ -126,14 +120,8 @@ impl Hub {
         for file in variant.files(split) {
             let path = self.dataset_file(WIKITEXT_REPO, &file)?;
             // A file that opened but whose rows do not read is as broken as a truncated one.
-            let rows = read_parquet_text(&path).map_err(|e| {
-                let removed = remove_cached(&path);
-                DataError::Download {
-                    url: file.clone(),
-                    message: format!("{e}; {removed}"),
-                    hint: "run again to download it afresh".into(),
-                }
-            })?;
+            let rows = read_parquet_text(&path)
+                .map_err(|e| unreadable(file.clone(), &path, &e.to_string()))?;
             for row in rows {
                 text.push_str(if row.is_empty() { " \n" } else { &row });
             }
@@ -147,6 +135,51 @@ fn check_parquet(path: &Path) -> Result<(), String> {
     SerializedFileReader::new(file)
         .map(|_| ())
         .map_err(|e| e.to_string())
+}
+
+/// The error for a cached file that does not read: a truncated one is removed (the next run
+/// downloads it afresh); any other is kept and named.
+fn unreadable(url: String, path: &Path, problem: &str) -> DataError {
+    if is_truncated(path) {
+        let removed = remove_cached(path);
+        return DataError::Download {
+            url,
+            message: format!("the downloaded file is incomplete ({problem}); {removed}"),
+            hint: "run again to download it afresh".into(),
+        };
+    }
+    let codec = ["GZIP", "BROTLI", "LZ4", "SNAPPY", "ZSTD", "LZO"]
+        .into_iter()
+        .find(|c| problem.to_uppercase().contains(c) && problem.contains("not"));
+    DataError::Download {
+        url,
+        message: format!(
+            "{} does not read as parquet ({problem}){}; it is whole, so it was kept",
+            path.display(),
+            codec.map_or(String::new(), |c| format!(
+                " — this build may lack the {c} codec"
+            ))
+        ),
+        hint: "if it keeps failing, delete that file to download it again".into(),
+    }
+}
+
+/// Whether a parquet file is cut short: a whole one ends with its footer's length and the
+/// magic `PAR1`.
+fn is_truncated(path: &Path) -> bool {
+    use std::io::{Read, Seek, SeekFrom};
+    let tail = || -> std::io::Result<[u8; 4]> {
+        let mut file = std::fs::File::open(path)?;
+        if file.metadata()?.len() < 12 {
+            return Ok([0; 4]);
+        }
+        file.seek(SeekFrom::End(-4))?;
+        let mut magic = [0u8; 4];
+        file.read_exact(&mut magic)?;
+        Ok(magic)
+    };
+    // An unreadable file proves nothing: keep it.
+    tail().is_ok_and(|magic| &magic != b"PAR1")
 }
 
 /// Removes a cached file and, when it is hf-hub's symlink, the blob it points to.

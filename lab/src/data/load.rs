@@ -92,15 +92,21 @@ pub fn load_corpus(
     {
         let key = format!("{name}-{split}-{}-{tag}", tokenizer.id());
         let hash = fnv1a64(text.as_bytes());
-        let ids = match options.cache.load(&key, tokenizer.id(), hash) {
+        let ids = match options
+            .cache
+            .load(&key, tokenizer.id(), hash, tokenizer.vocab_size())
+        {
             Ok(ids) => {
                 from_cache[i] = true;
                 ids
             }
             Err(stale) => {
-                if options.verbose && stale != Stale::Missing {
+                // A corrupt file is news even to a quiet caller; a stale one is expected.
+                let corrupt = matches!(stale, Stale::Corrupt(_));
+                if corrupt || (options.verbose && stale != Stale::Missing) {
                     eprintln!(
-                        "token cache {} not used ({stale:?}); rebuilding",
+                        "{}token cache {} not used ({stale:?}); rebuilding",
+                        if corrupt { "warning: " } else { "" },
                         options.cache.path(&key).display()
                     );
                 }

@@ -62,6 +62,13 @@ impl CorpusSource {
     pub fn with_data_dir(self, dir: Option<PathBuf>) -> Result<Self, DataError> {
         match (self, dir) {
             (source, None) => Ok(source),
+            (CorpusSource::WikiText { .. }, Some(dir)) if dir.is_file() => {
+                Err(DataError::Invalid(format!(
+                    "--data-dir {} is a file: give the folder that holds \
+                     wiki.{{train,valid}}.{{raw,tokens}}",
+                    dir.display()
+                )))
+            }
             (CorpusSource::WikiText { variant, .. }, Some(dir)) => Ok(CorpusSource::WikiText {
                 variant,
                 dir: Some(dir),

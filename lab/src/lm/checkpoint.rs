@@ -21,8 +21,8 @@ use std::path::{Path, PathBuf};
 const MODEL: &str = "model.mpk";
 const OPTIMIZER: &str = "optimizer.mpk";
 const STATE: &str = "state.json";
-/// 2 since blocks hold a `BlockAttention` enum (format 1 records do not load).
-const FORMAT: u32 = 2;
+/// 3 since each coupled layer's dynamics are a `QkDynamics` enum (older records do not load).
+const FORMAT: u32 = 3;
 
 /// The loop's own state at a checkpoint (the model and optimiser have their records).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -41,6 +41,9 @@ pub struct CheckpointState {
 }
 
 impl CheckpointState {
+    /// Its file in a checkpoint folder, written last: a folder without it is incomplete.
+    pub const FILE: &'static str = STATE;
+
     /// The state after `step` steps.
     pub fn new(step: usize, tokens: u64, elapsed_s: f64, pending_losses: &[f64]) -> Self {
         CheckpointState {
@@ -80,7 +83,8 @@ pub fn list_checkpoints(out_dir: &Path) -> Result<Vec<(usize, PathBuf)>, TrainEr
 }
 
 /// Every `step-*` folder, complete or not, oldest first.
-fn all_checkpoint_dirs(out_dir: &Path) -> Result<Vec<(usize, PathBuf)>, TrainError> {
+/// Every checkpoint folder of a run, complete or not, oldest first.
+pub(super) fn all_checkpoint_dirs(out_dir: &Path) -> Result<Vec<(usize, PathBuf)>, TrainError> {
     let root = checkpoints_dir(out_dir);
     let entries = match std::fs::read_dir(&root) {
         Ok(entries) => entries,
@@ -189,11 +193,61 @@ where
     })?;
     let optimizer_record = Recorder::<B>::load(&recorder(), read(OPTIMIZER)?, device)
         .map_err(|e| corrupt(OPTIMIZER, e.to_string()))?;
-    Ok((
-        model.load_record(model_record),
-        optimizer.load_record(optimizer_record),
-        state,
-    ))
+    // Burn's `load_record` takes a tensor of any shape (and panics on a different number of
+    // blocks): compare every parameter with the model the config builds.
+    let mismatch = |message: String| TrainError::Corrupt {
+        path: dir.join(MODEL),
+        message: format!("{message}: the checkpoint belongs to another architecture"),
+        hint: "resume with the model settings of the run's config.json, or start a new folder",
+    };
+    let expected = param_shapes(&model);
+    let model = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        model.load_record(model_record)
+    }))
+    .map_err(|_| mismatch("its record does not fit the model".into()))?;
+    let loaded = param_shapes(&model);
+    if loaded.len() != expected.len() {
+        return Err(mismatch(format!(
+            "it has {} parameters, the model built from the config {}",
+            loaded.len(),
+            expected.len()
+        )));
+    }
+    if let Some((want, got)) = expected.iter().zip(&loaded).find(|(a, b)| a != b) {
+        return Err(mismatch(format!(
+            "parameter {} has shape {:?} in the checkpoint, but {:?} in the model built from \
+             the config",
+            want.0, got.1, want.1
+        )));
+    }
+    Ok((model, optimizer.load_record(optimizer_record), state))
+}
+
+/// Every float parameter's path and shape, in visiting order.
+fn param_shapes<B: AutodiffBackend>(model: &Gpt<B>) -> Vec<(String, Vec<usize>)> {
+    #[derive(Default)]
+    struct Shapes {
+        path: Vec<String>,
+        found: Vec<(String, Vec<usize>)>,
+    }
+    impl<B: burn::tensor::backend::Backend> burn::module::ModuleVisitor<B> for Shapes {
+        fn enter_module(&mut self, name: &str, _container_type: &str) {
+            self.path.push(name.to_string());
+        }
+        fn exit_module(&mut self, _name: &str, _container_type: &str) {
+            self.path.pop();
+        }
+        fn visit_float<const D: usize>(
+            &mut self,
+            param: &burn::module::Param<burn::tensor::Tensor<B, D>>,
+        ) {
+            self.found
+                .push((self.path.join("."), param.dims().to_vec()));
+        }
+    }
+    let mut shapes = Shapes::default();
+    model.visit(&mut shapes);
+    shapes.found
 }
 
 /// Deletes all but the newest `keep` complete checkpoints, and incomplete ones older than the

@@ -60,6 +60,18 @@ pub const BOOKKEEPING_FIELDS: [&str; 4] = [
     "keep_checkpoints",
 ];
 
+/// Fields that change the optimiser's course but not the model: a resume may change them when
+/// allowed ([`RunOptions::allow_changes`](super::RunOptions)), e.g. a lower learning rate after
+/// a divergence; `config.json` records each change with its step.
+pub const OPTIMISER_FIELDS: [&str; 6] = [
+    "lr",
+    "warmup_steps",
+    "grad_clip",
+    "max_steps",
+    "min_lr_ratio",
+    "weight_decay",
+];
+
 impl TrainConfig {
     /// The defaults for `model`: a window of its full context, 32 rows, 1000 steps, peak lr 6e-4
     /// after 100 warmup steps, cosine to 10%, AdamW (0.9, 0.95) with weight decay 0.1, gradients
@@ -217,6 +229,22 @@ pub struct RunConfig {
     pub train: TrainConfig,
     /// The corpus.
     pub corpus: CorpusInfo,
+    /// Settings changed on resume, in order (see [`OPTIMISER_FIELDS`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub changes: Vec<RecordedChange>,
+}
+
+/// A setting changed when a run was resumed, as `config.json` records it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct RecordedChange {
+    /// The step the run was resumed from: the change applies to the steps after it.
+    pub step: usize,
+    /// The field.
+    pub field: String,
+    /// Its value before (JSON text).
+    pub old: String,
+    /// Its value from then on (JSON text).
+    pub new: String,
 }
 
 /// The corpus a run trains on, as recorded in `config.json`.
@@ -246,6 +274,7 @@ impl RunConfig {
                 train_tokens: corpus.train.len(),
                 valid_tokens: corpus.valid.len(),
             },
+            changes: Vec::new(),
         }
     }
 
@@ -273,13 +302,13 @@ impl std::fmt::Display for FieldChange {
 }
 
 /// The fields whose values differ between two `config.json` texts, leaving out
-/// [`BOOKKEEPING_FIELDS`].
+/// [`BOOKKEEPING_FIELDS`] and the record of earlier changes.
 ///
 /// Both sides are compared as parsed JSON, so numbers compare by the text they were written as.
 pub fn differing_fields(old: &serde_json::Value, new: &serde_json::Value) -> Vec<FieldChange> {
     let mut out = Vec::new();
     diff("", Some(old), Some(new), &mut out);
-    out.retain(|c| !BOOKKEEPING_FIELDS.contains(&c.field.as_str()));
+    out.retain(|c| !BOOKKEEPING_FIELDS.contains(&c.field.as_str()) && c.field != "changes");
     out
 }
 

@@ -45,10 +45,39 @@ pub enum TrainError {
         /// What was found there.
         what: String,
     },
+    /// A fresh run into a folder that holds files of something else: the run would overwrite
+    /// them (`metrics.csv`, `summary.json`, `loss.svg`) and prune checkpoints it did not write.
+    #[error(
+        "{} is not empty and holds no run ({} among its files); choose an empty or new output \
+         folder, or pass --force to train into it anyway",
+        path.display(),
+        first
+    )]
+    FolderNotEmpty {
+        /// The output folder.
+        path: PathBuf,
+        /// One of the entries found there.
+        first: String,
+    },
+    /// Another process trains in the same folder (it holds the folder's lock).
+    #[error(
+        "{} is in use by {}: two processes must not train one run; wait for it to end or \
+         stop it, or choose another output folder",
+        path.display(),
+        holder
+    )]
+    RunInUse {
+        /// The output folder.
+        path: PathBuf,
+        /// Who holds it, as its lock file says (`process 1234`).
+        holder: String,
+    },
     /// A resume whose config differs from the one the run was started with.
     #[error(
         "cannot resume the run in {}: the new config differs from its config.json in {}. \
-         Resume with the run's own settings, or start a new output folder",
+         Resume with the run's own settings, or start a new output folder (the optimiser's \
+         settings, lr, warmup_steps, grad_clip, max_steps, min_lr_ratio and weight_decay, may \
+         change on resume where the program allows it, as wikitext_60m --resume does)",
         path.display(),
         changes.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(", ")
     )]
@@ -74,8 +103,8 @@ pub enum TrainError {
         "the loss is {loss} at step {step}: training stopped. {}",
         match checkpoint {
             Some(path) => format!(
-                "The last good checkpoint, {}, is kept; lower the learning rate (or raise the \
-                 warmup) and resume from it",
+                "The last good checkpoint, {}, is kept; resume from it with a lower learning \
+                 rate or a longer warmup (wikitext_60m: --resume --lr …)",
                 path.display()
             ),
             None => "No checkpoint was written before it; lower the learning rate (or raise the \

@@ -79,6 +79,14 @@ impl MetricsRow {
 
 /// Reads every row of a `metrics.csv`.
 pub fn read_metrics(path: &Path) -> Result<Vec<MetricsRow>, TrainError> {
+    read_metrics_until(path, usize::MAX)
+}
+
+/// Reads the rows of a `metrics.csv` up to step `last_step`, as a resume from that step's
+/// checkpoint needs: rows past it (written after the checkpoint, by a run that was then
+/// interrupted) are dropped unparsed, and so is a torn last line (a kill in mid-write), with a
+/// warning. Any other unreadable row is an error naming its line.
+pub fn read_metrics_until(path: &Path, last_step: usize) -> Result<Vec<MetricsRow>, TrainError> {
     let text = std::fs::read_to_string(path).map_err(|e| TrainError::io("read", path, e))?;
     let corrupt = |message: String| TrainError::Corrupt {
         path: path.to_path_buf(),
@@ -90,11 +98,29 @@ pub fn read_metrics(path: &Path) -> Result<Vec<MetricsRow>, TrainError> {
         Some(h) if h.trim_end_matches('\r') == HEADER => {}
         other => return Err(corrupt(format!("header is {other:?}, expected {HEADER:?}"))),
     }
-    lines
+    let rows: Vec<(usize, &str)> = lines
         .enumerate()
+        .map(|(i, l)| (i + 2, l))
         .filter(|(_, l)| !l.trim().is_empty())
-        .map(|(i, l)| MetricsRow::parse(l).map_err(|m| corrupt(format!("line {}: {m}", i + 2))))
-        .collect()
+        .collect();
+    let torn_last = !text.ends_with('\n');
+    let mut out = Vec::new();
+    for (k, &(number, line)) in rows.iter().enumerate() {
+        let step = line.split(',').next().and_then(|s| s.parse::<usize>().ok());
+        if step.is_some_and(|s| s > last_step) {
+            continue;
+        }
+        match MetricsRow::parse(line) {
+            Ok(row) => out.push(row),
+            Err(_) if torn_last && k + 1 == rows.len() => eprintln!(
+                "warning: {}: line {number} is incomplete (the run was stopped while writing \
+                 it); dropped",
+                path.display()
+            ),
+            Err(m) => return Err(corrupt(format!("line {number}: {m}"))),
+        }
+    }
+    Ok(out)
 }
 
 /// `metrics.csv`, open for appending.

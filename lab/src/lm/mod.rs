@@ -19,11 +19,12 @@ pub use checkpoint::{
 };
 pub use clip::clip_global_norm;
 pub use config::{
-    BOOKKEEPING_FIELDS, CorpusInfo, FieldChange, RunConfig, TrainConfig, differing_fields,
+    BOOKKEEPING_FIELDS, CorpusInfo, FieldChange, OPTIMISER_FIELDS, RecordedChange, RunConfig,
+    TrainConfig, differing_fields,
 };
 pub use error::TrainError;
 pub use eval::{Validation, batch_loss, batch_nats, batch_tensors, evaluate};
-pub use metrics::{HEADER, MetricsLog, MetricsRow, read_metrics};
+pub use metrics::{HEADER, MetricsLog, MetricsRow, read_metrics, read_metrics_until};
 pub use parallel::{batch_gradients, sharded_gradients};
 pub use plot::write_loss_plot;
 pub use train::{RunOptions, RunSummary, train, train_on_devices, train_with};

@@ -2,7 +2,7 @@
 //! [`Trainer`], the options of a run and its summary.
 
 use super::checkpoint::list_checkpoints;
-use super::config::{RunConfig, differing_fields};
+use super::config::{OPTIMISER_FIELDS, RecordedChange, RunConfig, differing_fields};
 use super::trainer::Trainer;
 use super::{TrainConfig, TrainError};
 use crate::data::TokenizedCorpus;
@@ -20,12 +20,20 @@ pub struct RunOptions {
     /// Stop after this step (checkpointing there) as if interrupted, the schedule still spanning
     /// `max_steps`: for time-boxed jobs; a later `resume` continues exactly.
     pub stop_at: Option<usize>,
-    /// On resume, accept a config that differs from the run's `config.json` (it is printed and
-    /// replaces it): e.g. a lower learning rate after a divergence. The run is then no longer the
-    /// one an uninterrupted run of either config would give.
+    /// On resume, accept changes of these settings of the optimiser (names of
+    /// [`OPTIMISER_FIELDS`], e.g. `lr` to lower the learning rate after a divergence); they are
+    /// printed and recorded in `config.json` with the step they apply from. Changes of any other
+    /// field are still refused.
+    pub allow_changes: Vec<&'static str>,
+    /// On resume, accept any config that differs from the run's `config.json` (printed,
+    /// recorded). The checkpoint must still fit the model: parameter shapes are checked. The run
+    /// is then no longer the one an uninterrupted run of either config would give.
     pub allow_config_change: bool,
     /// No progress bar and no messages.
     pub quiet: bool,
+    /// Start a fresh run in a folder that is not empty and holds no run (its files of the same
+    /// names are overwritten). Without it such a folder is refused.
+    pub force: bool,
 }
 
 /// What a run reports at its end (also written as `summary.json`).
@@ -124,13 +132,14 @@ pub fn train_on_devices<B: AutodiffBackend>(
 }
 
 /// Decides between a fresh run and a resume, checking the folder and the config: the newest
-/// complete checkpoint to resume from, or `None` for a fresh start.
+/// complete checkpoint to resume from (or `None` for a fresh start), and the record of settings
+/// changed on resume, this one's included.
 pub(super) fn resolve_start(
     out_dir: &Path,
     run_config: &RunConfig,
     options: &RunOptions,
     say: &dyn Fn(String),
-) -> Result<Option<(usize, PathBuf)>, TrainError> {
+) -> Result<(Option<(usize, PathBuf)>, Vec<RecordedChange>), TrainError> {
     let config_path = out_dir.join("config.json");
     let checkpoints = list_checkpoints(out_dir)?;
     if !options.resume {
@@ -144,14 +153,26 @@ pub(super) fn resolve_start(
                 what,
             });
         }
-        return Ok(None);
+        let foreign = std::fs::read_dir(out_dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|entry| entry.file_name().to_string_lossy().into_owned())
+            .find(|name| name != super::trainer::LOCK_FILE);
+        if let (false, Some(first)) = (options.force, foreign) {
+            return Err(TrainError::FolderNotEmpty {
+                path: out_dir.to_path_buf(),
+                first,
+            });
+        }
+        return Ok((None, Vec::new()));
     }
     let Some(newest) = checkpoints.last().cloned() else {
         say(format!(
             "no complete checkpoint in {}: starting a fresh run",
             out_dir.display()
         ));
-        return Ok(None);
+        return Ok((None, Vec::new()));
     };
     let new: serde_json::Value =
         serde_json::from_str(&run_config.to_json()).expect("our own JSON parses");
@@ -166,9 +187,19 @@ pub(super) fn resolve_start(
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && options.allow_config_change => None,
         Err(e) => return Err(TrainError::io("read", &config_path, e)),
     };
+    let mut history: Vec<RecordedChange> = old
+        .as_ref()
+        .and_then(|old| old.get("changes"))
+        .and_then(|c| serde_json::from_value(c.clone()).ok())
+        .unwrap_or_default();
     let changes = old.map_or_else(Vec::new, |old| differing_fields(&old, &new));
     if !changes.is_empty() {
-        if !options.allow_config_change {
+        let allowed = options.allow_config_change
+            || changes.iter().all(|c| {
+                let field = c.field.as_str();
+                OPTIMISER_FIELDS.contains(&field) && options.allow_changes.contains(&field)
+            });
+        if !allowed {
             return Err(TrainError::ConfigMismatch {
                 path: config_path,
                 changes,
@@ -176,11 +207,18 @@ pub(super) fn resolve_start(
         }
         let list: Vec<String> = changes.iter().map(|c| c.to_string()).collect();
         say(format!(
-            "resuming with a changed config: {}",
+            "resuming from step {} with changed settings: {}",
+            newest.0,
             list.join(", ")
         ));
+        history.extend(changes.into_iter().map(|c| RecordedChange {
+            step: newest.0,
+            field: c.field,
+            old: c.old,
+            new: c.new,
+        }));
     }
-    Ok(Some(newest))
+    Ok((Some(newest), history))
 }
 
 pub(super) fn progress_bar(quiet: bool, stop: usize, position: usize) -> ProgressBar {

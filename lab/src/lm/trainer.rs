@@ -6,11 +6,13 @@
 //! `(seed, s)` at the start of every step, so dropout (if any) does not depend on what ran before;
 //! and a checkpoint holds the weights, the parameter ids and AdamW's moments at full precision.
 
-use super::checkpoint::{CheckpointState, load_checkpoint, prune_checkpoints, save_checkpoint};
+use super::checkpoint::{
+    CheckpointState, all_checkpoint_dirs, load_checkpoint, prune_checkpoints, save_checkpoint,
+};
 use super::clip::clip_global_norm;
 use super::config::RunConfig;
 use super::eval::{batch_loss, evaluate};
-use super::metrics::{MetricsLog, MetricsRow, read_metrics};
+use super::metrics::{MetricsLog, MetricsRow, read_metrics_until};
 use super::parallel::batch_gradients;
 use super::plot::write_loss_plot;
 use super::train::{RunOptions, RunSummary, progress_bar, resolve_start, step_seed};
@@ -77,6 +79,69 @@ pub struct Trainer<'a, B: AutodiffBackend> {
     /// A checkpoint of the last step, written once the next step's losses prove it finite.
     pending_checkpoint: Option<CheckpointState>,
     last_val: Option<Validation>,
+    /// The folder's lock, held until the trainer is dropped (or the process ends).
+    _lock: std::fs::File,
+}
+
+/// The lock file of a run folder.
+pub const LOCK_FILE: &str = ".lock";
+
+/// Takes the exclusive lock of a run folder (an OS lock on its `.lock` file, released when the
+/// file is closed, also by a crash) and writes this process's id into it.
+///
+/// # Errors
+/// [`TrainError::RunInUse`] when another process holds it.
+fn lock_folder(out_dir: &Path) -> Result<std::fs::File, TrainError> {
+    use std::io::{Read, Seek, Write};
+    let path = out_dir.join(LOCK_FILE);
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|e| TrainError::io("open", &path, e))?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let mut holder = String::new();
+            let _ = file.read_to_string(&mut holder);
+            return Err(TrainError::RunInUse {
+                path: out_dir.to_path_buf(),
+                holder: match holder.trim() {
+                    "" => "another process".to_string(),
+                    pid => format!("process {pid}"),
+                },
+            });
+        }
+        Err(std::fs::TryLockError::Error(e)) => return Err(TrainError::io("lock", &path, e)),
+    }
+    let written = file
+        .set_len(0)
+        .and_then(|()| file.rewind())
+        .and_then(|()| write!(file, "{}", std::process::id()));
+    written.map_err(|e| TrainError::io("write", &path, e))?;
+    Ok(file)
+}
+
+/// Removes what a killed run left in its folder: temporary files of interrupted writes and
+/// checkpoint folders without their `state.json` (incomplete). Only with the folder's lock
+/// held, when no live process writes there.
+fn remove_leftovers(out_dir: &Path) -> Result<(), TrainError> {
+    let clean = |dir: &Path| {
+        atomic::remove_stale_temps(dir)
+            .map(drop)
+            .map_err(|e| TrainError::io("clean", dir, e))
+    };
+    clean(out_dir)?;
+    for (_, dir) in all_checkpoint_dirs(out_dir)? {
+        if dir.join(CheckpointState::FILE).is_file() {
+            clean(&dir)?;
+        } else {
+            std::fs::remove_dir_all(&dir).map_err(|e| TrainError::io("remove", &dir, e))?;
+        }
+    }
+    Ok(())
 }
 
 impl<'a, B: AutodiffBackend> Trainer<'a, B> {
@@ -128,12 +193,26 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
         let stop = options
             .stop_at
             .map_or(config.max_steps, |s| s.min(config.max_steps));
-        let run_config = RunConfig::new(config, corpus);
-        let resume_from = resolve_start(out_dir, &run_config, options, &say)?;
+        let mut run_config = RunConfig::new(config, corpus);
+        let lock_path = out_dir.join(LOCK_FILE);
+        let had_lock_file = lock_path.exists();
         std::fs::create_dir_all(out_dir).map_err(|e| TrainError::io("create", out_dir, e))?;
-        let config_path = out_dir.join("config.json");
-        atomic::write(&config_path, run_config.to_json().as_bytes())
-            .map_err(|e| TrainError::io("write", &config_path, e))?;
+        let lock = lock_folder(out_dir)?;
+        let (resume_from, changes) = match resolve_start(out_dir, &run_config, options, &say) {
+            Ok(start) => start,
+            Err(e) => {
+                // A refused folder keeps nothing of this attempt.
+                if !had_lock_file {
+                    drop(lock);
+                    let _ = std::fs::remove_file(&lock_path);
+                }
+                return Err(e);
+            }
+        };
+        run_config.changes = changes;
+        if resume_from.is_some() {
+            remove_leftovers(out_dir)?;
+        }
 
         let windows = TrainWindows::new(&corpus.train, config.seq_len, config.seed)?;
         let eval_set = eval_batches(
@@ -159,10 +238,7 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
             Some((_, dir)) => {
                 let (model, optimizer, state) = load_checkpoint(dir, model, optimizer, device)?;
                 let rows: Vec<MetricsRow> = if metrics_path.is_file() {
-                    read_metrics(&metrics_path)?
-                        .into_iter()
-                        .filter(|r| r.step <= state.step)
-                        .collect()
+                    read_metrics_until(&metrics_path, state.step)?
                 } else {
                     say(format!(
                         "{} is missing: starting a new one",
@@ -185,6 +261,10 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
                 None,
             ),
         };
+        // Written once the checkpoint has loaded: a resume that fails leaves the run's record.
+        let config_path = out_dir.join("config.json");
+        atomic::write(&config_path, run_config.to_json().as_bytes())
+            .map_err(|e| TrainError::io("write", &config_path, e))?;
         let log = MetricsLog::create(&metrics_path, &rows)?;
         say(format!(
             "training {} parameters ({} added by the attention variant) on {} ({} training \
@@ -237,6 +317,7 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
             total: (Duration::ZERO, 0),
             pending_checkpoint: None,
             last_val,
+            _lock: lock,
         })
     }
 
@@ -336,7 +417,7 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
         }
         if let Some(v) = val {
             self.last_val = Some(v);
-            self.plot()?;
+            self.plot();
             if !v.loss.is_finite() {
                 return Err(self.diverged(s, v.loss, "validation loss"));
             }
@@ -387,7 +468,7 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
             }
             self.checkpoint()?;
         }
-        self.plot()?;
+        self.plot();
         let summary = self.summary();
         let summary_path = self.out_dir.join("summary.json");
         let json = serde_json::to_string_pretty(&summary).expect("a RunSummary always serialises");
@@ -434,8 +515,13 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
         Ok(())
     }
 
-    fn plot(&self) -> Result<(), TrainError> {
-        write_loss_plot(&self.rows, &self.plot_title, &self.out_dir.join("loss.svg"))
+    /// Draws `loss.svg`. A plot that cannot be written is a warning, not a reason to stop
+    /// training.
+    fn plot(&self) {
+        let path = self.out_dir.join("loss.svg");
+        if let Err(e) = write_loss_plot(&self.rows, &self.plot_title, &path) {
+            self.progress.suspend(|| eprintln!("warning: {e}"));
+        }
     }
 
     fn throughput(&self) -> f64 {

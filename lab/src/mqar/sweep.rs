@@ -83,8 +83,28 @@ impl Sweep {
         keys
     }
 
-    /// Checks every task before any run starts.
+    /// Checks every setting before any run starts; the error names the program's flag and the
+    /// rule.
     pub fn validate(&self) -> Result<(), String> {
+        let at_least_one = |flag: &str, value: usize| match value {
+            0 => Err(format!("{flag} 0: must be at least 1")),
+            _ => Ok(()),
+        };
+        at_least_one("--heads", self.n_heads)?;
+        at_least_one("--layers", self.n_layers)?;
+        at_least_one("--steps", self.steps)?;
+        at_least_one("--test-examples", self.test_examples)?;
+        for (flag, len) in [
+            ("--tasks", self.tasks.len()),
+            ("--variants", self.variants.len()),
+            ("--d-models", self.d_models.len()),
+            ("--lrs", self.lrs.len()),
+            ("--seeds", self.seeds.len()),
+        ] {
+            if len == 0 {
+                return Err(format!("{flag}: give at least one value"));
+            }
+        }
         for &(seq_len, kv_pairs) in &self.tasks {
             MqarTask::new(self.vocab, seq_len, kv_pairs).validate()?;
         }
@@ -99,10 +119,24 @@ impl Sweep {
             return Err("evaluating every 0 steps: give a positive interval".into());
         }
         for &d in &self.d_models {
-            if d % self.n_heads != 0 {
+            if d == 0 || !d.is_multiple_of(self.n_heads) {
                 return Err(format!(
-                    "d_model {d} is not divisible by {} heads",
+                    "--d-models {d}: must be a positive multiple of --heads {}",
                     self.n_heads
+                ));
+            }
+        }
+        for &lr in &self.lrs {
+            if !(lr.is_finite() && lr > 0.0) {
+                return Err(format!(
+                    "--lrs {lr}: a learning rate must be finite and > 0"
+                ));
+            }
+        }
+        for variant in &self.variants {
+            if let Some(Err(e)) = variant.dynamics().map(|d| d.validate()) {
+                return Err(format!(
+                    "variant {variant}: {e} (with --steps-per-layer, give at least 1)"
                 ));
             }
         }
@@ -187,8 +221,11 @@ impl Sweep {
             ));
             let outcome = train::<B>(&self.run(key), devices, &progress);
             progress.finish_with_message(format!(
-                "acc {:.3} in {} steps, {:.0}s",
-                outcome.accuracy, outcome.steps, outcome.seconds
+                "acc {:.3} in {} steps, {:.0}s{}",
+                outcome.accuracy,
+                outcome.steps,
+                outcome.seconds,
+                if outcome.diverged { ", diverged" } else { "" }
             ));
             results.runs.push(RunResult {
                 key: (*key).clone(),

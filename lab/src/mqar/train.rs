@@ -46,8 +46,13 @@ pub struct TrainOutcome {
     pub steps_to_99: Option<usize>,
     /// Steps run.
     pub steps: usize,
-    /// The training loss at the end.
-    pub final_loss: f64,
+    /// The training loss at the last evaluation; `None` before any evaluation or when it was
+    /// not finite.
+    pub final_loss: Option<f64>,
+    /// Whether the run stopped at a non-finite training loss (`false` in results written before
+    /// the field existed: those runs were not checked).
+    #[serde(default)]
+    pub diverged: bool,
     /// Wall-clock seconds.
     pub seconds: f64,
     /// Parameters of the model, and those the dynamics add.
@@ -194,7 +199,8 @@ pub fn train<B: AutodiffBackend>(
     progress.set_length(run.steps as u64);
     progress.set_position(0);
     let batches_per_epoch = (run.train_examples / run.batch_size).max(1);
-    let (mut best, mut steps_to_99, mut final_loss, mut steps) = (0.0f64, None, f64::NAN, 0);
+    let (mut best, mut steps_to_99, mut final_loss, mut steps) = (0.0f64, None, None, 0);
+    let mut diverged = false;
     for step in 0..run.steps {
         let b = step % batches_per_epoch;
         let batch =
@@ -203,10 +209,17 @@ pub fn train<B: AutodiffBackend>(
         model = optimizer.step(schedule.at(step), model, grads);
         steps = step + 1;
         if steps % run.eval_every == 0 || steps == run.steps {
-            final_loss = loss();
+            let value = loss();
+            if !value.is_finite() {
+                diverged = true;
+                final_loss = None;
+                progress.set_message(format!("diverged: loss {value} at step {steps}"));
+                break;
+            }
+            final_loss = Some(value);
             let acc = accuracy(&model.valid(), &test_set, 256);
             best = best.max(acc);
-            progress.set_message(format!("loss {final_loss:.3} acc {acc:.3}"));
+            progress.set_message(format!("loss {value:.3} acc {acc:.3}"));
             if acc >= 0.99 {
                 steps_to_99 = Some(steps);
                 break;
@@ -219,6 +232,7 @@ pub fn train<B: AutodiffBackend>(
         steps_to_99,
         steps,
         final_loss,
+        diverged,
         seconds: started.elapsed().as_secs_f64(),
         params,
         extra_params,

@@ -1,12 +1,12 @@
 //! The model and training budget every suite program shares, as command-line flags. The defaults
 //! are a CPU-scale cell: the `tiny` preset with the byte tokenizer, about 10 minutes on 2 cores.
 
-use super::{CellResult, Suite, run_cell};
+use super::{CellResult, FailedCell, Suite, run_cell};
 use crate::backend::{BackendChoice, MultiDeviceTask};
 use crate::data::{
     CorpusSource, LoadOptions, SplitOptions, TokenizedCorpus, TokenizerKind, load_corpus,
 };
-use crate::lm::TrainConfig;
+use crate::lm::{TrainConfig, TrainError};
 use burn::tensor::backend::AutodiffBackend;
 use coupled_qk::model::AttentionVariant;
 use coupled_qk::model::{GptConfig, Preset};
@@ -59,6 +59,9 @@ pub struct Budget {
     /// equal cell (corpus, variant, seed, budget) once.
     #[arg(long)]
     pub runs_dir: Option<PathBuf>,
+    /// Train the cells that failed before again, from scratch (their folders are deleted).
+    #[arg(long)]
+    pub retry_failed: bool,
 }
 
 impl Budget {
@@ -67,6 +70,7 @@ impl Budget {
         Suite {
             runs: self.runs_dir.clone().unwrap_or_else(|| out.join("runs")),
             quiet: false,
+            retry_failed: self.retry_failed,
         }
     }
 
@@ -121,8 +125,43 @@ pub struct Cells<'a> {
     pub cells: Vec<(&'a TokenizedCorpus, String, TrainConfig)>,
 }
 
+/// What a suite's cells gave: the finished ones and the failed ones.
+#[derive(Clone, Debug, Default)]
+pub struct SuiteOutcome {
+    /// Every finished cell, in order.
+    pub results: Vec<CellResult>,
+    /// Every cell that failed, now or before (see [`Suite::retry_failed`]).
+    pub failed: Vec<FailedCell>,
+}
+
+impl SuiteOutcome {
+    /// `Err` naming every failed cell and how to retry them, `Ok` when none failed: a program's
+    /// last word, after its report is written.
+    pub fn check(&self) -> Result<(), String> {
+        if self.failed.is_empty() {
+            return Ok(());
+        }
+        let list: Vec<String> = self
+            .failed
+            .iter()
+            .map(|f| {
+                format!(
+                    "{} · {} · seed {} ({})",
+                    f.corpus, f.variant, f.seed, f.error
+                )
+            })
+            .collect();
+        Err(format!(
+            "{} cell(s) failed: {}; the report lists them. Fix the cause (for a divergence, a \
+             lower --lr), then rerun with --retry-failed to train them again from scratch",
+            list.len(),
+            list.join("; ")
+        ))
+    }
+}
+
 impl MultiDeviceTask for Cells<'_> {
-    type Output = Result<Vec<CellResult>, String>;
+    type Output = SuiteOutcome;
     fn run<B: AutodiffBackend>(
         self,
         devices: Vec<B::Device>,
@@ -130,7 +169,7 @@ impl MultiDeviceTask for Cells<'_> {
         _gpu: bool,
     ) -> Self::Output {
         let total = self.cells.len();
-        let mut results = Vec::with_capacity(total);
+        let mut outcome = SuiteOutcome::default();
         for (i, (corpus, label, config)) in self.cells.into_iter().enumerate() {
             eprintln!(
                 "[{}/{total}] {} · {} · seed {}",
@@ -139,11 +178,52 @@ impl MultiDeviceTask for Cells<'_> {
                 label,
                 config.seed
             );
-            let result = run_cell::<B>(self.suite, &label, &config, corpus, &devices)
-                .map_err(|e| e.to_string())?;
-            results.push(result);
+            let dir = self.suite.cell_dir(&corpus.name, &label, config.seed);
+            if let Some(failed) = FailedCell::recorded(&dir) {
+                if !self.suite.retry_failed {
+                    eprintln!(
+                        "{}: failed before ({}); skipped (--retry-failed trains it again)",
+                        dir.display(),
+                        failed.error
+                    );
+                    outcome.failed.push(failed);
+                    continue;
+                }
+                eprintln!(
+                    "{}: failed before; trained again from scratch",
+                    dir.display()
+                );
+                if let Err(e) = std::fs::remove_dir_all(&dir) {
+                    outcome.failed.push(FailedCell {
+                        error: format!("cannot delete {} to retry it: {e}", dir.display()),
+                        ..failed
+                    });
+                    continue;
+                }
+            }
+            match run_cell::<B>(self.suite, &label, &config, corpus, &devices) {
+                Ok(result) => outcome.results.push(result),
+                Err(e) => {
+                    eprintln!("{}: failed: {e}", dir.display());
+                    // Only a divergence is the cell's own: recorded, it is not trained again
+                    // until retried. Other errors (a changed config, a folder in use, I/O) say
+                    // nothing about the cell and are only reported.
+                    let diverged = matches!(e, TrainError::NonFinite { .. });
+                    let failed = FailedCell {
+                        corpus: corpus.name.clone(),
+                        variant: label,
+                        seed: config.seed,
+                        error: e.to_string(),
+                        dir,
+                    };
+                    if diverged && let Err(e) = failed.record() {
+                        eprintln!("warning: cannot record the failure: {e}");
+                    }
+                    outcome.failed.push(failed);
+                }
+            }
         }
-        Ok(results)
+        outcome
     }
 }
 

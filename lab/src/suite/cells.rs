@@ -53,6 +53,48 @@ pub struct CellResult {
     pub dir: PathBuf,
 }
 
+/// A cell whose training failed. A divergence is recorded in the cell's folder as `failed.json`
+/// and skipped by later runs of the suite unless they retry failed cells; other errors are
+/// reported only.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct FailedCell {
+    /// The corpus.
+    pub corpus: String,
+    /// The variant's label.
+    pub variant: String,
+    /// The seed.
+    pub seed: u64,
+    /// The error, as the harness reported it.
+    pub error: String,
+    /// The run folder.
+    pub dir: PathBuf,
+}
+
+impl FailedCell {
+    /// The marker file of a failed cell in its run folder.
+    pub const FILE: &'static str = "failed.json";
+
+    /// Records the failure in the cell's folder (atomically).
+    ///
+    /// # Errors
+    /// When the file cannot be written.
+    pub fn record(&self) -> std::io::Result<()> {
+        let json = serde_json::to_string_pretty(self).expect("a FailedCell serialises");
+        crate::atomic::write(&self.dir.join(Self::FILE), json.as_bytes())
+    }
+
+    /// The failure recorded in `dir`, if any (with `dir` as its folder, wherever it was
+    /// recorded).
+    pub fn recorded(dir: &Path) -> Option<Self> {
+        let text = std::fs::read_to_string(dir.join(Self::FILE)).ok()?;
+        let failed: Self = serde_json::from_str(&text).ok()?;
+        Some(Self {
+            dir: dir.to_path_buf(),
+            ..failed
+        })
+    }
+}
+
 /// Where a suite's runs live and how they are shown.
 #[derive(Clone, Debug)]
 pub struct Suite {
@@ -61,6 +103,9 @@ pub struct Suite {
     pub runs: PathBuf,
     /// Hide progress bars and messages of the harness.
     pub quiet: bool,
+    /// Train cells that failed before again, from scratch (their folders are deleted first);
+    /// otherwise they are reported as failed without training.
+    pub retry_failed: bool,
 }
 
 impl Suite {

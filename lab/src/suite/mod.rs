@@ -8,12 +8,11 @@ mod report;
 mod stats;
 mod variant;
 
-pub use budget::{Budget, Cells, shared_data_dir};
-pub use cells::{CellResult, CurvePoint, Suite, run_cell};
+pub use budget::{Budget, Cells, SuiteOutcome, shared_data_dir};
+pub use cells::{CellResult, CurvePoint, FailedCell, Suite, run_cell};
 pub use plot::write_curves_plot;
 pub use report::{
-    PAPER_60M, ablation_table, change_pct, command_line, seed_table, write_json, write_markdown,
-    write_report,
+    PAPER_60M, ablation_table, change_pct, command_line, seed_table, write_markdown, write_report,
 };
 pub use stats::{Aggregate, aggregate, first_reach, mean_std};
 pub use variant::parse_variants;

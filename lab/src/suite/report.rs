@@ -72,19 +72,6 @@ pub fn seed_table(results: &[CellResult]) -> String {
     md
 }
 
-/// Writes `results.json` (every cell and the aggregates) atomically.
-pub fn write_json(
-    path: &Path,
-    results: &[CellResult],
-    aggregates: &[Aggregate],
-    extra: serde_json::Value,
-) -> Result<(), String> {
-    let json = serde_json::json!({ "cells": results, "aggregates": aggregates, "summary": extra });
-    let text = serde_json::to_string_pretty(&json).map_err(|e| e.to_string())?;
-    atomic::write(path, text.as_bytes())
-        .map_err(|e| format!("cannot write {}: {e}", path.display()))
-}
-
 /// Writes a Markdown file atomically.
 pub fn write_markdown(path: &Path, text: &str) -> Result<(), String> {
     atomic::write(path, text.as_bytes())
@@ -94,20 +81,40 @@ pub fn write_markdown(path: &Path, text: &str) -> Result<(), String> {
 /// Writes a suite's outputs into `out` and prints its Markdown: `results.md` (`markdown`),
 /// `results.json` (every cell, the aggregates over seeds and the program's `summary`), and the
 /// validation curves, `curves.svg` for one corpus or `curves-<corpus>.svg` for each of several.
+///
+/// Failed cells are listed in both files (a Markdown section and a `failed` array).
 pub fn write_report(
     out: &Path,
     markdown: &str,
-    results: &[CellResult],
+    outcome: &super::SuiteOutcome,
     summary: serde_json::Value,
 ) -> Result<(), String> {
+    let results = &outcome.results;
+    let mut markdown = markdown.to_string();
+    if !outcome.failed.is_empty() {
+        markdown.push_str(
+            "\n## Failed cells\n\nNot in the tables above; `--retry-failed` trains them again \
+             from scratch.\n\n| corpus | variant | seed | error |\n|---|---|---|---|\n",
+        );
+        for f in &outcome.failed {
+            let error = f.error.replace('|', "\\|").replace('\n', " ");
+            markdown.push_str(&format!(
+                "| {} | {} | {} | {error} |\n",
+                f.corpus, f.variant, f.seed
+            ));
+        }
+    }
     std::fs::create_dir_all(out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
-    write_markdown(&out.join("results.md"), markdown)?;
-    write_json(
-        &out.join("results.json"),
-        results,
-        &super::aggregate(results),
-        summary,
-    )?;
+    write_markdown(&out.join("results.md"), &markdown)?;
+    let json = serde_json::json!({
+        "cells": results,
+        "aggregates": super::aggregate(results),
+        "failed": outcome.failed,
+        "summary": summary,
+    });
+    let text = serde_json::to_string_pretty(&json).map_err(|e| e.to_string())?;
+    atomic::write(&out.join("results.json"), text.as_bytes())
+        .map_err(|e| format!("cannot write results.json in {}: {e}", out.display()))?;
     let mut corpora: Vec<&str> = Vec::new();
     for r in results {
         if !corpora.contains(&r.corpus.as_str()) {
