@@ -131,6 +131,10 @@ pub fn train_on_devices<B: AutodiffBackend>(
     Trainer::<B>::prepare(config, corpus, out_dir, options, devices)?.run()
 }
 
+/// Where a run starts: the newest complete checkpoint to resume from (its step and folder), or
+/// `None` for a fresh start; and the settings changed on resume, this one's included.
+pub(super) type Start = (Option<(usize, PathBuf)>, Vec<RecordedChange>);
+
 /// Decides between a fresh run and a resume, checking the folder and the config: the newest
 /// complete checkpoint to resume from (or `None` for a fresh start), and the record of settings
 /// changed on resume, this one's included.
@@ -139,7 +143,7 @@ pub(super) fn resolve_start(
     run_config: &RunConfig,
     options: &RunOptions,
     say: &dyn Fn(String),
-) -> Result<(Option<(usize, PathBuf)>, Vec<RecordedChange>), TrainError> {
+) -> Result<Start, TrainError> {
     let config_path = out_dir.join("config.json");
     let checkpoints = list_checkpoints(out_dir)?;
     if !options.resume {
