@@ -45,7 +45,8 @@ pub mod step_size;
 
 pub use attention::{
     AttentionInput, CoupledQkAttention, CoupledQkAttentionConfig, CoupledQkCache,
-    DifferentialAttention, DifferentialAttentionConfig, RotaryConfig, RotaryPosition,
+    DifferentialAttention, DifferentialAttentionConfig, DynamicsStats, QkStates, RotaryConfig,
+    RotaryPosition,
 };
 pub use coupling::{CouplingNet, CouplingNetConfig};
 pub use dynamics::{CoupledDynamics, DynamicsConfig, Identity, QkDynamics};

@@ -9,9 +9,9 @@ use burn::tensor::Tensor;
 use coupled_qk::model::{GptConfig, Preset};
 use coupled_qk_lab::data::{TokenIds, TokenStream, TokenizedCorpus, TrainWindows};
 use coupled_qk_lab::lm::{
-    HEADER, MetricsRow, RecordedChange, RunConfig, RunOptions, TrainConfig, TrainError,
-    batch_gradients, differing_fields, list_checkpoints, read_metrics, train, train_on_devices,
-    train_with,
+    DYNAMICS_HEADER, DynamicsRow, HEADER, MetricsRow, RecordedChange, RunConfig, RunOptions,
+    TrainConfig, TrainError, batch_gradients, differing_fields, list_checkpoints, read_metrics,
+    train, train_on_devices, train_with,
 };
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -202,6 +202,27 @@ fn a_tiny_run_learns_and_writes_every_output() {
     let svg = std::fs::read_to_string(dir.join("loss.svg")).unwrap();
     assert!(svg.contains("<svg") && svg.contains("</svg>"));
     assert_eq!(steps(&dir), [30, 60]);
+
+    // The dynamics of the 4 Euler layers at each evaluation: dt learned away from its 0.1,
+    // queries moved, the summary holding the last evaluation's.
+    let dynamics = std::fs::read_to_string(dir.join("dynamics.csv")).unwrap();
+    let mut lines = dynamics.lines();
+    assert_eq!(lines.next(), Some(DYNAMICS_HEADER));
+    let rows: Vec<DynamicsRow> = lines.map(|l| DynamicsRow::parse(l).unwrap()).collect();
+    let at: Vec<(usize, usize)> = rows.iter().map(|r| (r.step, r.layer)).collect();
+    let expected: Vec<(usize, usize)> = [20, 40, 60]
+        .into_iter()
+        .flat_map(|s| (0..4).map(move |l| (s, l)))
+        .collect();
+    assert_eq!(at, expected);
+    for r in &rows {
+        let dt = r.dt_mean().unwrap();
+        assert!(dt != 0.1 && dt.is_finite(), "{r:?}");
+        assert!(r.stats.q_change > 0.0 && r.stats.k_change > 0.0, "{r:?}");
+    }
+    assert_eq!(summary.dynamics, rows[8..]);
+    let svg = std::fs::read_to_string(dir.join("dynamics.svg")).unwrap();
+    assert!(svg.contains("layer 3"));
 }
 
 #[test]
@@ -276,6 +297,12 @@ fn a_resumed_run_repeats_the_uninterrupted_losses() {
         );
         assert_eq!(x.val, y.val, "step {}", x.step);
     }
+    let dynamics = |dir: &Path| std::fs::read_to_string(dir.join("dynamics.csv")).unwrap();
+    assert_eq!(
+        dynamics(&split),
+        dynamics(&whole),
+        "dynamics.csv after the resume"
+    );
 
     // Stopped between metrics rows (log_every 5, stop at 7): the checkpoint carries the losses
     // of the open interval, so the next row is the mean the uninterrupted run would write.

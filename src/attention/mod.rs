@@ -9,7 +9,9 @@ mod mask;
 mod rotary;
 mod sdpa;
 
-pub use coupled::{CoupledQkAttention, CoupledQkAttentionConfig, CoupledQkCache};
+pub use coupled::{
+    CoupledQkAttention, CoupledQkAttentionConfig, CoupledQkCache, DynamicsStats, QkStates,
+};
 pub use differential::{DifferentialAttention, DifferentialAttentionConfig};
 pub use input::AttentionInput;
 pub use rotary::{RotaryConfig, RotaryPosition};

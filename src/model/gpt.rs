@@ -3,7 +3,7 @@
 //! embedding. Shapes in comments: `b` batch,
 //! `s` sequence, `d` d_model, `v` vocabulary.
 
-use crate::attention::{CoupledQkAttention, DifferentialAttention};
+use crate::attention::{CoupledQkAttention, DifferentialAttention, DynamicsStats};
 use burn::module::Module;
 use burn::nn::{Embedding, Gelu, LayerNorm, Linear, RmsNorm};
 use burn::tensor::{Int, Tensor, backend::Backend};
@@ -114,6 +114,27 @@ pub struct Gpt<B: Backend> {
 }
 
 impl<B: Backend> Gpt<B> {
+    /// Token (and learned position) embeddings, `[batch, seq]` → `[batch, seq, d]`.
+    fn embed(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
+        let [batch, seq] = tokens.dims();
+        assert!(
+            seq <= self.context,
+            "Gpt: a sequence of {seq} tokens exceeds the context of {}",
+            self.context
+        );
+        let device = tokens.device();
+        let x = self.tokens.forward(tokens); // [b, s, d]
+        match &self.positions {
+            Some(positions) => {
+                let index = Tensor::<B, 1, Int>::arange(0..seq as i64, &device)
+                    .reshape([1, seq])
+                    .expand([batch, seq]);
+                x + positions.forward(index) // [b, s, d]
+            }
+            None => x,
+        }
+    }
+
     /// Next-token logits.
     ///
     /// # Shapes
@@ -123,20 +144,7 @@ impl<B: Backend> Gpt<B> {
     /// # Panics
     /// If `seq` exceeds the context.
     pub fn forward(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
-        let [batch, seq] = tokens.dims();
-        assert!(
-            seq <= self.context,
-            "Gpt: a sequence of {seq} tokens exceeds the context of {}",
-            self.context
-        );
-        let device = tokens.device();
-        let mut x = self.tokens.forward(tokens); // [b, s, d]
-        if let Some(positions) = &self.positions {
-            let index = Tensor::<B, 1, Int>::arange(0..seq as i64, &device)
-                .reshape([1, seq])
-                .expand([batch, seq]);
-            x = x + positions.forward(index); // [b, s, d]
-        }
+        let mut x = self.embed(tokens); // [b, s, d]
         for block in &self.blocks {
             x = block.forward(x);
         }
@@ -152,6 +160,30 @@ impl<B: Backend> Gpt<B> {
                     .reshape([b, s, v])
             }
         }
+    }
+
+    /// What each block's query-key dynamics do to `tokens` (see
+    /// [`CoupledQkAttention::dynamics_stats`]): one entry per block, `None` for differential
+    /// attention. A diagnostic for training runs: one forward pass, no gradients needed.
+    ///
+    /// # Shapes
+    /// - `tokens`: `[batch, seq]`, `seq <= context`
+    ///
+    /// # Panics
+    /// If `seq` exceeds the context.
+    pub fn dynamics_stats(&self, tokens: Tensor<B, 2, Int>) -> Vec<Option<DynamicsStats>> {
+        let mut x = self.embed(tokens);
+        let mut stats = Vec::with_capacity(self.blocks.len());
+        for block in &self.blocks {
+            stats.push(match &block.attention {
+                BlockAttention::Coupled(attention) => {
+                    Some(attention.dynamics_stats(block.norm_attention.forward(x.clone())))
+                }
+                BlockAttention::Differential(_) => None,
+            });
+            x = block.forward(x);
+        }
+        stats
     }
 
     /// The parameters the attention variant adds over the same model with standard attention:

@@ -5,6 +5,7 @@
 mod checkpoint;
 mod clip;
 mod config;
+mod dynamics_log;
 mod error;
 mod eval;
 mod metrics;
@@ -22,6 +23,7 @@ pub use config::{
     BOOKKEEPING_FIELDS, CorpusInfo, FieldChange, OPTIMISER_FIELDS, RecordedChange, RunConfig,
     TrainConfig, differing_fields,
 };
+pub use dynamics_log::{DYNAMICS_HEADER, DynamicsLog, DynamicsRow, write_dynamics_plot};
 pub use error::TrainError;
 pub use eval::{Validation, batch_loss, batch_nats, batch_tensors, evaluate};
 pub use metrics::{HEADER, MetricsLog, MetricsRow, read_metrics, read_metrics_until};

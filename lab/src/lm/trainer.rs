@@ -11,7 +11,8 @@ use super::checkpoint::{
 };
 use super::clip::clip_global_norm;
 use super::config::RunConfig;
-use super::eval::{batch_loss, evaluate};
+use super::dynamics_log::{DynamicsLog, write_dynamics_plot};
+use super::eval::{batch_loss, batch_tensors, evaluate};
 use super::metrics::{MetricsLog, MetricsRow, read_metrics_until};
 use super::parallel::batch_gradients;
 use super::plot::write_loss_plot;
@@ -79,6 +80,8 @@ pub struct Trainer<'a, B: AutodiffBackend> {
     /// A checkpoint of the last step, written once the next step's losses prove it finite.
     pending_checkpoint: Option<CheckpointState>,
     last_val: Option<Validation>,
+    /// `dynamics.csv`.
+    dynamics: DynamicsLog,
     /// The folder's lock, held until the trainer is dropped (or the process ends).
     _lock: std::fs::File,
 }
@@ -266,6 +269,10 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
         atomic::write(&config_path, run_config.to_json().as_bytes())
             .map_err(|e| TrainError::io("write", &config_path, e))?;
         let log = MetricsLog::create(&metrics_path, &rows)?;
+        let dynamics = DynamicsLog::open(
+            &out_dir.join("dynamics.csv"),
+            resume_from.as_ref().map(|_| state.step),
+        )?;
         say(format!(
             "training {} parameters ({} added by the attention variant) on {} ({} training \
              tokens, `{}` tokenizer): {} steps of {} tokens into {}",
@@ -317,6 +324,7 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
             total: (Duration::ZERO, 0),
             pending_checkpoint: None,
             last_val,
+            dynamics,
             _lock: lock,
         })
     }
@@ -412,6 +420,10 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
 
         let due = s.is_multiple_of(self.config.eval_every) || s == self.config.max_steps;
         let val = due.then(|| self.evaluate());
+        if due {
+            let stats = self.dynamics_stats();
+            self.dynamics.record(s, stats)?;
+        }
         if val.is_some() || s.is_multiple_of(self.config.log_every) {
             self.log_row(lr, val)?;
         }
@@ -427,6 +439,13 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
             self.pending_checkpoint = Some(self.state());
         }
         Ok(step_loss)
+    }
+
+    /// What each layer's dynamics do to the first validation batch.
+    pub fn dynamics_stats(&self) -> Vec<Option<coupled_qk::DynamicsStats>> {
+        let device = &self.devices[0];
+        let (inputs, _) = batch_tensors::<B::InnerBackend>(&self.eval_set[0], device);
+        self.model().valid().dynamics_stats(inputs)
     }
 
     /// The model's loss on the fixed validation set.
@@ -522,6 +541,10 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
         if let Err(e) = write_loss_plot(&self.rows, &self.plot_title, &path) {
             self.progress.suspend(|| eprintln!("warning: {e}"));
         }
+        let path = self.out_dir.join("dynamics.svg");
+        if let Err(e) = write_dynamics_plot(self.dynamics.rows(), &self.plot_title, &path) {
+            self.progress.suspend(|| eprintln!("warning: {e}"));
+        }
     }
 
     fn throughput(&self) -> f64 {
@@ -571,6 +594,7 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
             params: self.params,
             extra_params: self.extra_params,
             resumed_from: self.resumed_step,
+            dynamics: self.dynamics.last(),
         }
     }
 }

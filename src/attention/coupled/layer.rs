@@ -126,17 +126,27 @@ impl<B: Backend> CoupledQkAttention<B> {
     /// Projects to heads, then applies the dynamics and the rotary embedding in the configured
     /// order. Returns `(q, k, v)`, each `[batch, heads, seq, d_head]`.
     fn project(&self, x: Tensor<B, 3>, start: usize) -> (Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>) {
+        self.project_with(x, start, &self.dynamics)
+    }
+
+    /// [`project`](Self::project) with other dynamics (the probe compares with none).
+    pub(super) fn project_with(
+        &self,
+        x: Tensor<B, 3>,
+        start: usize,
+        dynamics: &QkDynamics<B>,
+    ) -> (Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>) {
         // Token-major [batch, seq, heads, d_head]: contiguous, where the dynamics run fastest.
         let q = self.split_heads(self.query.forward(x.clone()));
         let k = self.split_heads(self.key.forward(x.clone()));
         let v = self.split_heads(self.value.forward(x)).swap_dims(1, 2);
         let (q, k) = match (&self.rotary, self.rotary_position) {
             (None, _) => {
-                let (q, k) = self.dynamics.forward(q, k);
+                let (q, k) = dynamics.forward(q, k);
                 (to_heads(q), to_heads(k))
             }
             (Some(rope), RotaryPosition::AfterDynamics) => {
-                let (q, k) = self.dynamics.forward(q, k);
+                let (q, k) = dynamics.forward(q, k);
                 let rotate = |x: Tensor<B, 4>| self.rotate(rope, to_heads(x), start);
                 (rotate(q), rotate(k))
             }
@@ -144,7 +154,7 @@ impl<B: Backend> CoupledQkAttention<B> {
                 // RoPE needs [.., seq, d_head]; rotate head-major, evolve token-major.
                 let rotate =
                     |x: Tensor<B, 4>| self.rotate(rope, x.swap_dims(1, 2), start).swap_dims(1, 2);
-                let (q, k) = self.dynamics.forward(rotate(q), rotate(k));
+                let (q, k) = dynamics.forward(rotate(q), rotate(k));
                 (to_heads(q), to_heads(k))
             }
         };
@@ -156,7 +166,7 @@ impl<B: Backend> CoupledQkAttention<B> {
     }
 
     /// `[batch, seq, d_model]` → `[batch, seq, heads, d_head]` (a reshape, no copy).
-    fn split_heads(&self, x: Tensor<B, 3>) -> Tensor<B, 4> {
+    pub(super) fn split_heads(&self, x: Tensor<B, 3>) -> Tensor<B, 4> {
         let [batch, seq, _] = x.dims();
         x.reshape([batch, seq, self.n_heads, self.d_head])
     }

@@ -4,7 +4,9 @@
 mod cache;
 mod config;
 mod layer;
+mod probe;
 
 pub use cache::CoupledQkCache;
 pub use config::CoupledQkAttentionConfig;
 pub use layer::CoupledQkAttention;
+pub use probe::{DynamicsStats, QkStates};

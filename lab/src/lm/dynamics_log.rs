@@ -1,0 +1,240 @@
+//! `dynamics.csv` and `dynamics.svg`: what each layer's query-key dynamics do during training,
+//! measured at every evaluation on the first validation batch (see
+//! [`Gpt::dynamics_stats`](coupled_qk::model::Gpt::dynamics_stats)).
+
+use super::TrainError;
+use crate::plot::{Chart, Line, write_charts};
+use coupled_qk::DynamicsStats;
+use std::path::{Path, PathBuf};
+
+/// The header of `dynamics.csv`, exactly. `dt` is the mean over heads (empty without coupled
+/// dynamics), `dt_heads` every head's, separated by `;`.
+pub const DYNAMICS_HEADER: &str =
+    "step,layer,dt,dt_heads,q_change,k_change,entropy,entropy_standard";
+
+/// One row of `dynamics.csv`: one layer at one evaluation.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct DynamicsRow {
+    /// Steps done.
+    pub step: usize,
+    /// The block, 0-based.
+    pub layer: usize,
+    /// What its dynamics did.
+    pub stats: DynamicsStats,
+}
+
+impl DynamicsRow {
+    /// The mean step size over heads, if the layer has one.
+    pub fn dt_mean(&self) -> Option<f64> {
+        let dt = &self.stats.dt;
+        (!dt.is_empty()).then(|| dt.iter().sum::<f64>() / dt.len() as f64)
+    }
+
+    /// The CSV line, without its newline.
+    pub fn to_csv(&self) -> String {
+        let s = &self.stats;
+        let heads: Vec<String> = s.dt.iter().map(f64::to_string).collect();
+        format!(
+            "{},{},{},{},{},{},{},{}",
+            self.step,
+            self.layer,
+            self.dt_mean().map_or(String::new(), |d| d.to_string()),
+            heads.join(";"),
+            s.q_change,
+            s.k_change,
+            s.entropy,
+            s.entropy_standard
+        )
+    }
+
+    /// Parses a line written by [`to_csv`](Self::to_csv).
+    pub fn parse(line: &str) -> Result<Self, String> {
+        let f: Vec<&str> = line.trim_end_matches('\r').split(',').collect();
+        if f.len() != 8 {
+            return Err(format!("expected 8 fields, found {}", f.len()));
+        }
+        fn num<T: std::str::FromStr>(name: &str, text: &str) -> Result<T, String> {
+            text.parse()
+                .map_err(|_| format!("{name} `{text}` is not a number"))
+        }
+        let dt = match f[3] {
+            "" => Vec::new(),
+            heads => heads
+                .split(';')
+                .map(|h| num("dt_heads", h))
+                .collect::<Result<_, _>>()?,
+        };
+        Ok(DynamicsRow {
+            step: num("step", f[0])?,
+            layer: num("layer", f[1])?,
+            stats: DynamicsStats {
+                dt,
+                q_change: num("q_change", f[4])?,
+                k_change: num("k_change", f[5])?,
+                entropy: num("entropy", f[6])?,
+                entropy_standard: num("entropy_standard", f[7])?,
+            },
+        })
+    }
+}
+
+/// `dynamics.csv` of a run: its rows in memory, the file rewritten atomically after each
+/// evaluation (a few rows per evaluation, so rewriting costs nothing and never tears a row).
+pub struct DynamicsLog {
+    path: PathBuf,
+    rows: Vec<DynamicsRow>,
+}
+
+impl DynamicsLog {
+    /// A fresh log, or on resume the rows of `path` up to step `last_step` (rows past it belong to
+    /// steps that will run again; unreadable rows are dropped with a warning: the file is a
+    /// diagnostic, not the run's record).
+    pub fn open(path: &Path, resume_from: Option<usize>) -> Result<Self, TrainError> {
+        let mut rows = Vec::new();
+        if let Some(last_step) = resume_from
+            && let Ok(text) = std::fs::read_to_string(path)
+        {
+            for (i, line) in text.lines().enumerate().skip(1) {
+                match DynamicsRow::parse(line) {
+                    Ok(row) if row.step <= last_step => rows.push(row),
+                    Ok(_) => {}
+                    Err(e) => eprintln!("warning: {} line {}: {e}; dropped", path.display(), i + 1),
+                }
+            }
+        }
+        let log = DynamicsLog {
+            path: path.to_path_buf(),
+            rows,
+        };
+        log.write()?;
+        Ok(log)
+    }
+
+    /// The rows so far.
+    pub fn rows(&self) -> &[DynamicsRow] {
+        &self.rows
+    }
+
+    /// Records one evaluation: a row per layer with coupled attention.
+    pub fn record(
+        &mut self,
+        step: usize,
+        layers: Vec<Option<DynamicsStats>>,
+    ) -> Result<(), TrainError> {
+        for (layer, stats) in layers.into_iter().enumerate() {
+            if let Some(stats) = stats {
+                self.rows.push(DynamicsRow { step, layer, stats });
+            }
+        }
+        self.write()
+    }
+
+    /// The newest row of each layer, in layer order.
+    pub fn last(&self) -> Vec<DynamicsRow> {
+        let Some(step) = self.rows.last().map(|r| r.step) else {
+            return Vec::new();
+        };
+        self.rows
+            .iter()
+            .filter(|r| r.step == step)
+            .cloned()
+            .collect()
+    }
+
+    fn write(&self) -> Result<(), TrainError> {
+        let mut text = format!("{DYNAMICS_HEADER}\n");
+        for row in &self.rows {
+            text.push_str(&row.to_csv());
+            text.push('\n');
+        }
+        crate::atomic::write(&self.path, text.as_bytes())
+            .map_err(|e| TrainError::io("write", &self.path, e))
+    }
+}
+
+/// `dynamics.svg`: the mean `dt`, the relative changes of queries and keys, and the change of
+/// the attention entropy against standard attention, against step; one line per layer.
+pub fn write_dynamics_plot(rows: &[DynamicsRow], title: &str, path: &Path) -> Result<(), String> {
+    let mut layers: Vec<usize> = rows.iter().map(|r| r.layer).collect();
+    layers.sort_unstable();
+    layers.dedup();
+    let panel = |name: &str, value: &dyn Fn(&DynamicsRow) -> Option<f64>| Chart {
+        title: format!("{title}: {name}"),
+        x_desc: "step".into(),
+        y_desc: name.into(),
+        lines: layers
+            .iter()
+            .map(|&layer| Line {
+                label: format!("layer {layer}"),
+                points: rows
+                    .iter()
+                    .filter(|r| r.layer == layer)
+                    .filter_map(|r| Some((r.step as f64, value(r)?)))
+                    .collect(),
+            })
+            .collect(),
+        ..Chart::default()
+    };
+    let charts = [
+        panel("dt (mean over heads)", &|r| r.dt_mean()),
+        panel("‖q₁ − q₀‖ / ‖q₀‖", &|r| {
+            Some(r.stats.q_change)
+        }),
+        panel("‖k₁ − k₀‖ / ‖k₀‖", &|r| {
+            Some(r.stats.k_change)
+        }),
+        panel("entropy − standard's (nats)", &|r| {
+            Some(r.stats.entropy - r.stats.entropy_standard)
+        }),
+    ];
+    write_charts(path, &charts, (420, 340))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(step: usize, layer: usize, dt: Vec<f64>) -> DynamicsRow {
+        DynamicsRow {
+            step,
+            layer,
+            stats: DynamicsStats {
+                dt,
+                q_change: 0.125,
+                k_change: 1e-3,
+                entropy: 2.5,
+                entropy_standard: 2.625,
+            },
+        }
+    }
+
+    #[test]
+    fn rows_round_trip_with_and_without_dt() {
+        for r in [row(10, 0, vec![0.1, 0.2]), row(20, 3, vec![])] {
+            assert_eq!(DynamicsRow::parse(&r.to_csv()), Ok(r.clone()));
+        }
+        assert_eq!(row(1, 0, vec![0.5, 0.25]).dt_mean(), Some(0.375));
+        assert!(DynamicsRow::parse("1,2,3").is_err());
+    }
+
+    #[test]
+    fn a_resumed_log_keeps_the_rows_up_to_its_checkpoint() {
+        let dir = std::env::temp_dir().join(format!("coupled-qk-dyn-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let path = dir.join("dynamics.csv");
+        let mut log = DynamicsLog::open(&path, None).unwrap();
+        log.record(5, vec![Some(row(5, 0, vec![0.1]).stats), None])
+            .unwrap();
+        log.record(10, vec![Some(row(10, 0, vec![0.2]).stats), None])
+            .unwrap();
+        assert_eq!(log.last(), [row(10, 0, vec![0.2])]);
+        let resumed = DynamicsLog::open(&path, Some(7)).unwrap();
+        assert_eq!(resumed.rows(), [row(5, 0, vec![0.1])]);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text.lines().count(), 2, "{text}");
+        write_dynamics_plot(log.rows(), "test", &dir.join("dynamics.svg")).unwrap();
+        let svg = std::fs::read_to_string(dir.join("dynamics.svg")).unwrap();
+        assert!(svg.contains("layer 0"));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}

@@ -1,0 +1,176 @@
+//! What a coupled layer's dynamics do to one input: the queries and keys before and after them,
+//! and the numbers a training run logs about them (how far they move, how the attention's
+//! entropy changes, the learned step size).
+
+use super::CoupledQkAttention;
+use crate::attention::input::check_input;
+use crate::attention::sdpa::attention_weights;
+use crate::dynamics::{Identity, QkDynamics};
+use burn::tensor::{ElementConversion, Tensor, backend::Backend};
+
+/// A layer's queries and keys for one input, before and after its dynamics (without the rotary
+/// embedding).
+///
+/// # Shapes
+/// Each `[batch, seq, heads, d_head]`.
+#[derive(Debug, Clone)]
+pub struct QkStates<B: Backend> {
+    /// The projected queries, `x·W_q`.
+    pub q: Tensor<B, 4>,
+    /// The projected keys, `x·W_k`.
+    pub k: Tensor<B, 4>,
+    /// The queries the dynamics give.
+    pub q_evolved: Tensor<B, 4>,
+    /// The keys the dynamics give.
+    pub k_evolved: Tensor<B, 4>,
+}
+
+/// What a layer's dynamics did to one input, as numbers.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct DynamicsStats {
+    /// The step size `dt`: one value, or one per head; empty without coupled dynamics.
+    pub dt: Vec<f64>,
+    /// `‖q₁ − q₀‖ / ‖q₀‖` over the whole input (Frobenius norms).
+    pub q_change: f64,
+    /// `‖k₁ − k₀‖ / ‖k₀‖` over the whole input.
+    pub k_change: f64,
+    /// The mean entropy (nats) of the attention rows, as the layer scores.
+    pub entropy: f64,
+    /// The same with the dynamics switched off (standard attention with the layer's projections).
+    pub entropy_standard: f64,
+}
+
+impl<B: Backend> CoupledQkAttention<B> {
+    /// The queries and keys of `x` before and after the dynamics.
+    ///
+    /// # Shapes
+    /// - `x`: `[batch, seq, d_model]`
+    ///
+    /// # Panics
+    /// If `x` is not `[batch, seq, d_model]`.
+    pub fn qk_states(&self, x: Tensor<B, 3>) -> QkStates<B> {
+        check_input("CoupledQkAttention::qk_states", &x, self.d_model());
+        let q = self.split_heads(self.query.forward(x.clone()));
+        let k = self.split_heads(self.key.forward(x));
+        let (q_evolved, k_evolved) = self.dynamics.forward(q.clone(), k.clone());
+        QkStates {
+            q,
+            k,
+            q_evolved,
+            k_evolved,
+        }
+    }
+
+    /// How far the dynamics move the queries and keys of `x`, and how they change the entropy of
+    /// the attention (the layer's masking and rotary embedding included, no padding mask).
+    ///
+    /// # Shapes
+    /// - `x`: `[batch, seq, d_model]`
+    ///
+    /// # Panics
+    /// If `x` is not `[batch, seq, d_model]`.
+    pub fn dynamics_stats(&self, x: Tensor<B, 3>) -> DynamicsStats {
+        let states = self.qk_states(x.clone());
+        let change = |before: Tensor<B, 4>, after: Tensor<B, 4>| {
+            let moved = norm(after - before.clone());
+            moved / norm(before).max(f64::MIN_POSITIVE)
+        };
+        let q_change = change(states.q, states.q_evolved);
+        let k_change = change(states.k, states.k_evolved);
+        let entropy_with = |dynamics: &QkDynamics<B>| {
+            let (q, k, _) = self.project_with(x.clone(), 0, dynamics);
+            mean_entropy(attention_weights(q, k, None, self.causal))
+        };
+        let dt = match self.dynamics.step_size() {
+            Some(step) => step
+                .dt
+                .val()
+                .into_data()
+                .convert::<f64>()
+                .to_vec::<f64>()
+                .expect("dt converts to f64"),
+            None => Vec::new(),
+        };
+        DynamicsStats {
+            dt,
+            q_change,
+            k_change,
+            entropy: entropy_with(&self.dynamics),
+            entropy_standard: entropy_with(&QkDynamics::Standard(Identity)),
+        }
+    }
+}
+
+/// The Frobenius norm.
+fn norm<B: Backend>(x: Tensor<B, 4>) -> f64 {
+    x.powf_scalar(2.0).sum().sqrt().into_scalar().elem::<f64>()
+}
+
+/// The mean over rows of `−Σ p·ln p`, for weights `[batch, heads, s_q, s_k]`.
+fn mean_entropy<B: Backend>(weights: Tensor<B, 4>) -> f64 {
+    let [batch, heads, s_q, _] = weights.dims();
+    // 0·ln 0 = 0: a masked key contributes nothing.
+    let terms = weights.clone() * weights.clamp_min(1e-30).log();
+    let total = terms.sum().into_scalar().elem::<f64>();
+    -total / (batch * heads * s_q) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::attention::CoupledQkAttentionConfig;
+    use crate::dynamics::{DynamicsConfig, QkDynamics};
+    use crate::step_size::StepSizeConfig;
+    use burn::backend::Flex;
+    use burn::module::Param;
+    use burn::tensor::{Distribution, Tensor};
+
+    type TestBackend = Flex;
+
+    /// One Euler step with `f = 0` and keys equal to queries: `q₁ = q₀ + dt·k₀ = (1 + dt)·q₀`,
+    /// `k₁ = k₀`, so the query moves by exactly `dt` of its size and the key not at all.
+    #[test]
+    fn known_dt_and_force_give_the_changes_by_hand() {
+        let device = Default::default();
+        let mut layer = CoupledQkAttentionConfig::new(8, 2)
+            .with_dynamics(DynamicsConfig::euler(1))
+            .with_dt(StepSizeConfig::new().with_init(0.25))
+            .with_causal(true)
+            .init::<TestBackend>(&device);
+        // The same weights (a clone of a lazily initialised parameter would draw its own).
+        layer.key.weight = Param::from_tensor(layer.query.weight.val());
+        layer.key.bias = layer
+            .query
+            .bias
+            .as_ref()
+            .map(|b| Param::from_tensor(b.val()));
+        let QkDynamics::Coupled(dynamics) = &mut layer.dynamics else {
+            unreachable!()
+        };
+        let f = &mut dynamics.coupling;
+        f.w2 = Param::from_tensor(f.w2.val().zeros_like());
+        f.b2 = Param::from_tensor(f.b2.val().zeros_like());
+        let x = Tensor::<TestBackend, 3>::random([2, 5, 8], Distribution::Default, &device);
+        let stats = layer.dynamics_stats(x);
+        assert_eq!(stats.dt, [0.25]);
+        assert!((stats.q_change - 0.25).abs() < 1e-6, "{stats:?}");
+        assert!(stats.k_change.abs() < 1e-7, "{stats:?}");
+        // Scores scale by 1 + dt: sharper rows, lower entropy.
+        assert!(stats.entropy < stats.entropy_standard, "{stats:?}");
+        // Five causal rows of 1..5 keys: the entropy is at most the mean of ln(1..5).
+        let bound = (1..=5).map(|n| (n as f64).ln()).sum::<f64>() / 5.0;
+        assert!(stats.entropy_standard <= bound + 1e-6, "{stats:?}");
+    }
+
+    #[test]
+    fn standard_attention_moves_nothing() {
+        let device = Default::default();
+        let layer = CoupledQkAttentionConfig::new(8, 2)
+            .with_dynamics(DynamicsConfig::Standard)
+            .init::<TestBackend>(&device);
+        let x = Tensor::<TestBackend, 3>::random([1, 4, 8], Distribution::Default, &device);
+        let stats = layer.dynamics_stats(x);
+        assert!(stats.dt.is_empty());
+        assert_eq!((stats.q_change, stats.k_change), (0.0, 0.0));
+        assert_eq!(stats.entropy, stats.entropy_standard);
+    }
+}
