@@ -15,8 +15,8 @@
 use clap::Parser;
 use coupled_qk_lab::backend::dispatch_devices;
 use coupled_qk_lab::suite::{
-    Budget, Cells, ablation_table, aggregate, command_line, parse_variants, seed_table,
-    write_report,
+    Budget, Cells, ablation_table, aggregate, command_line, paired, paired_table, parse_variants,
+    seed_table, write_report,
 };
 use std::path::PathBuf;
 
@@ -96,17 +96,22 @@ fn run(args: Args) -> Result<(), String> {
     )?;
     let results = &outcome.results;
     let aggregates = aggregate(results);
+    let paired = paired(results, "standard");
     let md = format!(
         "{header}{}\nThe paper's column is its 60M model on WikiText-103 (validation perplexity, std over seeds); \
-         Δ is relative to standard. Runs here are far smaller: compare directions and spreads, not values.\n\n## Per seed\n\n{}",
+         Δ is relative to standard. Runs here are far smaller: compare directions and spreads, not values.\n\n\
+         ## Paired with standard\n\nEach variant's validation loss minus standard's on the same seed (same \
+         initialisation of the shared parts, same data order), averaged over seeds, with Student's t 95% \
+         interval: an interval that excludes 0 is a difference the seeds resolve.\n\n{}\n## Per seed\n\n{}",
         ablation_table(&aggregates, &corpus.name),
+        paired_table(&paired),
         seed_table(results)
     );
     write_report(
         &args.out,
         &md,
         &outcome,
-        serde_json::json!({ "corpus": corpus.name }),
+        serde_json::json!({ "corpus": corpus.name, "paired": paired }),
     )?;
     outcome.check()
 }

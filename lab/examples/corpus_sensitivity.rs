@@ -13,8 +13,8 @@
 use clap::Parser;
 use coupled_qk_lab::backend::dispatch_devices;
 use coupled_qk_lab::suite::{
-    Budget, Cells, aggregate, change_pct, command_line, parse_variants, seed_table,
-    shared_data_dir, write_report,
+    Budget, Cells, aggregate, change_pct, command_line, paired, paired_table, parse_variants,
+    seed_table, shared_data_dir, write_report,
 };
 use std::fmt::Write;
 use std::path::PathBuf;
@@ -170,6 +170,11 @@ fn run(args: Args) -> Result<(), String> {
     for (corpus, kind, delta) in PAPER {
         let _ = writeln!(md, "| {corpus} | {kind} | {delta:+.1}% |");
     }
+    md.push_str(&format!(
+        "\n## Paired with {baseline}\n\nPer corpus, each variant's validation loss minus {baseline}'s on the \
+         same seed, averaged over seeds, with Student's t 95% interval.\n\n{}",
+        paired_table(&paired(results, baseline))
+    ));
     md.push_str(&format!("\n## Per seed\n\n{}", seed_table(results)));
     write_report(&args.out, &md, &outcome, serde_json::Value::Array(summary))?;
     outcome.check()

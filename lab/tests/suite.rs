@@ -184,3 +184,35 @@ fn a_failing_cell_is_recorded_the_others_run_and_a_retry_trains_it_again() {
     third.check().unwrap();
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn paired_differences_have_a_t_interval_and_count_the_seeds_ahead() {
+    use coupled_qk_lab::suite::{paired, t_975};
+    // Differences −0.1, −0.2, −0.3 (seed 3 of the variant has no standard partner).
+    let results = vec![
+        cell("standard", 0, f64::exp(3.0)),
+        cell("standard", 1, f64::exp(3.5)),
+        cell("standard", 2, f64::exp(2.5)),
+        cell("euler1", 0, f64::exp(2.9)),
+        cell("euler1", 1, f64::exp(3.3)),
+        cell("euler1", 2, f64::exp(2.2)),
+        cell("euler1", 3, f64::exp(1.0)),
+        cell("diff", 0, f64::exp(3.1)),
+    ];
+    let p = paired(&results, "standard");
+    assert_eq!(p.len(), 2);
+    let euler = &p[0];
+    assert_eq!(
+        (euler.variant.as_str(), euler.seeds, euler.ahead),
+        ("euler1", 3, 3)
+    );
+    assert!((euler.mean_diff + 0.2).abs() < 1e-12);
+    // sd 0.1, se 0.1/√3, t(2) = 4.303: half-width 0.24843.
+    let half = 4.303 * 0.1 / 3f64.sqrt();
+    let (lo, hi) = euler.ci95.unwrap();
+    assert!((lo - (-0.2 - half)).abs() < 1e-9 && (hi - (-0.2 + half)).abs() < 1e-9);
+    // One seed: a difference, no interval.
+    assert_eq!((p[1].seeds, p[1].ahead, p[1].ci95), (1, 0, None));
+    assert!((p[1].mean_diff - 0.1).abs() < 1e-12);
+    assert!((t_975(5) - 2.571).abs() < 1e-12 && (t_975(100) - 1.984).abs() < 0.005);
+}

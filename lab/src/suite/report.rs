@@ -57,6 +57,26 @@ pub fn ablation_table(aggregates: &[Aggregate], corpus: &str) -> String {
     md
 }
 
+/// The paired comparison table: per variant, the mean per-seed difference of validation loss to
+/// the baseline with its 95% interval, and on how many seeds the variant was ahead.
+pub fn paired_table(paired: &[super::Paired]) -> String {
+    let mut md = String::from(
+        "| corpus | variant | vs | seeds | Δ val loss (mean) | 95% interval | seeds ahead |\n\
+         |---|---|---|---|---|---|---|\n",
+    );
+    for p in paired {
+        let interval = p.ci95.map_or("–".to_string(), |(lo, hi)| {
+            format!("[{lo:+.4}, {hi:+.4}]")
+        });
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {:+.4} | {interval} | {} of {} |",
+            p.corpus, p.variant, p.baseline, p.seeds, p.mean_diff, p.ahead, p.seeds
+        );
+    }
+    md
+}
+
 /// Per-seed results, for the record.
 pub fn seed_table(results: &[CellResult]) -> String {
     let mut md = String::from(

@@ -1,4 +1,5 @@
-//! Mean ± standard deviation over seeds.
+//! Mean ± standard deviation over seeds, and paired differences between variants that share
+//! seeds.
 
 use super::{CellResult, CurvePoint};
 
@@ -67,6 +68,88 @@ pub fn aggregate(results: &[CellResult]) -> Vec<Aggregate> {
             }
         })
         .collect()
+}
+
+/// A variant against a baseline over the seeds both finished on one corpus: runs that differ
+/// only in the variant share the seed (initialisation of the shared parts, data order), so the
+/// per-seed difference removes most of the seed-to-seed spread.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Paired {
+    /// The corpus.
+    pub corpus: String,
+    /// The variant's label.
+    pub variant: String,
+    /// The baseline's label.
+    pub baseline: String,
+    /// Seeds both finished.
+    pub seeds: usize,
+    /// Mean over those seeds of the variant's validation loss minus the baseline's (negative:
+    /// the variant is better).
+    pub mean_diff: f64,
+    /// The 95% confidence interval of that mean (Student's t over the seeds; `None` for fewer
+    /// than two seeds).
+    pub ci95: Option<(f64, f64)>,
+    /// Seeds where the variant's loss is below the baseline's.
+    pub ahead: usize,
+}
+
+/// The two-sided 95% quantile of Student's t with `df` degrees of freedom.
+pub fn t_975(df: usize) -> f64 {
+    const TABLE: [f64; 30] = [
+        12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
+        2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
+        2.052, 2.048, 2.045, 2.042,
+    ];
+    match df {
+        0 => f64::NAN,
+        1..=30 => TABLE[df - 1],
+        // Beyond the table, within 0.005 of the exact value.
+        _ => 1.96 + 2.46 / df as f64,
+    }
+}
+
+/// Every variant of each corpus against `baseline` on the same corpus, paired by seed, in order
+/// of first appearance; the baseline itself is left out.
+pub fn paired(results: &[CellResult], baseline: &str) -> Vec<Paired> {
+    let mut out: Vec<Paired> = Vec::new();
+    for r in results {
+        if r.variant == baseline
+            || out
+                .iter()
+                .any(|p| p.corpus == r.corpus && p.variant == r.variant)
+        {
+            continue;
+        }
+        let diffs: Vec<f64> = results
+            .iter()
+            .filter(|v| v.corpus == r.corpus && v.variant == r.variant)
+            .filter_map(|v| {
+                results
+                    .iter()
+                    .find(|b| b.corpus == r.corpus && b.variant == baseline && b.seed == v.seed)
+                    .map(|b| v.val_loss - b.val_loss)
+            })
+            .collect();
+        if diffs.is_empty() {
+            continue;
+        }
+        let (mean, std) = mean_std(&diffs);
+        let n = diffs.len();
+        let ci95 = (n >= 2).then(|| {
+            let half = t_975(n - 1) * std / (n as f64).sqrt();
+            (mean - half, mean + half)
+        });
+        out.push(Paired {
+            corpus: r.corpus.clone(),
+            variant: r.variant.clone(),
+            baseline: baseline.to_string(),
+            seeds: n,
+            mean_diff: mean,
+            ci95,
+            ahead: diffs.iter().filter(|d| **d < 0.0).count(),
+        });
+    }
+    out
 }
 
 /// Where a validation curve first reaches `target` (loss at or below it), interpolating linearly
