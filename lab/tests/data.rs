@@ -632,6 +632,26 @@ fn failed_downloads_name_the_url_and_leave_nothing_usable() {
     assert_eq!(text, WIKI_RAW);
 }
 
+/// Two runs started together on an empty cache: hf-hub lets one download and gives the other a
+/// lock error after 5 s; the loader waits for the download instead of failing.
+#[test]
+fn two_downloads_of_one_file_at_once_both_succeed() {
+    let dir = temp_dir("hub-together");
+    // Long enough that the second caller's 5 s of hf-hub lock attempts run out.
+    let server = HubServer::start(Mode::Slow(7_000));
+    server.add(WIKI2_VALID, parquet_of("text", &wiki_rows()));
+    let hub = hub_for(&server, &dir);
+    let texts: Vec<String> = std::thread::scope(|scope| {
+        let runs: Vec<_> = (0..2)
+            .map(|_| scope.spawn(|| hub.wikitext_split(WikiText::Wiki2, "validation")))
+            .collect();
+        runs.into_iter()
+            .map(|run| run.join().unwrap().unwrap())
+            .collect()
+    });
+    assert_eq!(texts, [WIKI_RAW, WIKI_RAW]);
+}
+
 /// Runs in a child process (so setting variables races with no other test): hf-hub's
 /// `ApiBuilder::from_env` must see `HF_ENDPOINT` and `HF_HOME`.
 #[test]

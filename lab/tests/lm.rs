@@ -788,3 +788,44 @@ fn a_run_folder_in_use_by_another_process_is_refused() {
     drop(other);
     train_with::<B>(&tiny(2), &corpus, &dir, &quiet(), &device).unwrap();
 }
+
+#[test]
+fn an_edited_corpus_of_the_same_length_does_not_resume_silently() {
+    let _guard = serial();
+    let corpus = corpus();
+    let dir = out_dir("edited-corpus");
+    let device = Default::default();
+    let first = RunOptions {
+        stop_at: Some(1),
+        ..quiet()
+    };
+    train_with::<B>(&tiny(2), &corpus, &dir, &first, &device).unwrap();
+    let mut ids: Vec<u32> = (0..corpus.train.len())
+        .map(|i| corpus.train.ids.get(i))
+        .collect();
+    ids[0] = if ids[0] == b'x' as u32 {
+        b'y' as u32
+    } else {
+        b'x' as u32
+    };
+    let edited = TokenizedCorpus {
+        train: TokenStream {
+            ids: TokenIds::from_u32(ids, 256),
+            byte_lens: corpus.train.byte_lens.clone(),
+        },
+        ..corpus.clone()
+    };
+    let resume = RunOptions {
+        resume: true,
+        ..quiet()
+    };
+    let err = train_with::<B>(&tiny(2), &edited, &dir, &resume, &device).unwrap_err();
+    match err {
+        TrainError::ConfigMismatch { changes, .. } => {
+            let fields: Vec<&str> = changes.iter().map(|c| c.field.as_str()).collect();
+            assert_eq!(fields, ["corpus.train_hash"]);
+        }
+        other => panic!("expected ConfigMismatch, got {other:?}"),
+    }
+    train_with::<B>(&tiny(2), &corpus, &dir, &resume, &device).unwrap();
+}

@@ -65,6 +65,9 @@ impl FromStr for WikiText {
     }
 }
 
+/// How long a download waits for another process's download of the same file.
+const LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_secs(3600);
+
 /// Access to the Hub: hf-hub's settings from the environment, optionally overridden.
 #[derive(Clone, Debug, Default)]
 pub struct Hub {
@@ -96,11 +99,29 @@ impl Hub {
         })?;
         let repo = api.repo(Repo::new(repo.into(), RepoType::Dataset));
         let url = repo.url(filename);
-        let path = repo.get(filename).map_err(|e| DataError::Download {
-            url: url.clone(),
-            message: e.to_string(),
-            hint: wikitext_hint(),
-        })?;
+        // hf-hub gives up after 5 s when another process holds the file's download lock: wait
+        // for that download instead (it leaves the file in the cache, which the retry finds).
+        let waiting_since = std::time::Instant::now();
+        let path = loop {
+            match repo.get(filename) {
+                Err(hf_hub::api::sync::ApiError::LockAcquisition(lock))
+                    if waiting_since.elapsed() < LOCK_PATIENCE =>
+                {
+                    eprintln!(
+                        "{filename}: another process is downloading it ({} is locked); waiting",
+                        lock.display()
+                    );
+                    std::thread::sleep(std::time::Duration::from_secs(1));
+                }
+                other => {
+                    break other.map_err(|e| DataError::Download {
+                        url: url.clone(),
+                        message: e.to_string(),
+                        hint: wikitext_hint(),
+                    })?;
+                }
+            }
+        };
         if let Err(problem) = check_parquet(&path) {
             return Err(unreadable(url, &path, &problem));
         }

@@ -260,6 +260,11 @@ pub struct CorpusInfo {
     pub train_tokens: usize,
     /// Tokens in the validation stream.
     pub valid_tokens: usize,
+    /// XXH64 of the training ids (as little-endian u32s), hex: an edited corpus of the same
+    /// length is another corpus.
+    pub train_hash: String,
+    /// The same of the validation ids.
+    pub valid_hash: String,
 }
 
 impl RunConfig {
@@ -273,6 +278,8 @@ impl RunConfig {
                 vocab_size: corpus.vocab_size,
                 train_tokens: corpus.train.len(),
                 valid_tokens: corpus.valid.len(),
+                train_hash: ids_hash(&corpus.train.ids),
+                valid_hash: ids_hash(&corpus.valid.ids),
             },
             changes: Vec::new(),
         }
@@ -282,6 +289,16 @@ impl RunConfig {
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).expect("a RunConfig always serialises")
     }
+}
+
+/// XXH64 of token ids as little-endian u32s, in hex (the same whatever width they are stored in).
+pub fn ids_hash(ids: &crate::data::TokenIds) -> String {
+    use std::hash::Hasher;
+    let mut hasher = twox_hash::XxHash64::with_seed(0);
+    for i in 0..ids.len() {
+        hasher.write(&ids.get(i).to_le_bytes());
+    }
+    format!("{:016x}", hasher.finish())
 }
 
 /// One field whose value differs between a run's `config.json` and a new config.

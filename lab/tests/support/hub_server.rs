@@ -16,6 +16,8 @@ pub enum Mode {
     Truncate,
     /// Send half of each body with no length announced, then hang up: the client cannot tell.
     TruncateSilently,
+    /// Serve files whole, each body after a pause of this many milliseconds.
+    Slow(u64),
 }
 
 /// The server; it lives until the test process ends.
@@ -132,7 +134,12 @@ fn answer(
          ETag: \"{:016x}\"\r\nX-Repo-Commit: {COMMIT}\r\nConnection: close\r\n\r\n",
         fnv(&bytes)
     )?;
-    if mode != Mode::Serve && whole_file_request {
+    if let Mode::Slow(ms) = mode
+        && whole_file_request
+    {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
+    if matches!(mode, Mode::Truncate | Mode::TruncateSilently) && whole_file_request {
         out.write_all(&body[..body.len() / 2])?;
     } else {
         out.write_all(body)?;
