@@ -829,3 +829,19 @@ fn an_edited_corpus_of_the_same_length_does_not_resume_silently() {
     }
     train_with::<B>(&tiny(2), &corpus, &dir, &resume, &device).unwrap();
 }
+
+#[test]
+fn a_plot_that_cannot_be_written_does_not_stop_training() {
+    let _guard = serial();
+    let corpus = corpus();
+    let dir = out_dir("unwritable-plot");
+    // A folder where the plot should go: every write of loss.svg fails.
+    std::fs::create_dir_all(dir.join("loss.svg")).unwrap();
+    let options = RunOptions {
+        force: true,
+        ..quiet()
+    };
+    let summary = train_with::<B>(&tiny(2), &corpus, &dir, &options, &Default::default()).unwrap();
+    assert!(summary.finished);
+    assert!(dir.join("loss.svg").is_dir());
+}
