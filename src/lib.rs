@@ -49,7 +49,7 @@ pub use attention::{
     RotaryPosition,
 };
 pub use coupling::{CouplingNet, CouplingNetConfig};
-pub use dynamics::{CoupledDynamics, DynamicsConfig, Identity, QkDynamics};
+pub use dynamics::{AffineCoupling, CoupledDynamics, DynamicsConfig, Identity, QkDynamics};
 pub use error::ConfigError;
 pub use integrator::{Euler, Integrator, IntegratorKind, Leapfrog, PhaseSpace};
 pub use model::AttentionVariant;

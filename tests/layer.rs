@@ -30,6 +30,7 @@ fn variants() -> Vec<DynamicsConfig> {
         DynamicsConfig::euler(2),
         DynamicsConfig::leapfrog(1),
         DynamicsConfig::leapfrog(3),
+        DynamicsConfig::affine(2),
     ]
 }
 
@@ -50,12 +51,28 @@ fn layer(
     use burn::tensor::backend::Backend;
     let device = Default::default();
     B::seed(&device, seed);
-    CoupledQkAttentionConfig::new(16, 2)
+    let mut layer = CoupledQkAttentionConfig::new(16, 2)
         .with_dynamics(dynamics)
         .with_dt(StepSizeConfig::new().with_init(0.7))
         .with_rotary(rotary)
         .with_causal(true)
-        .init(&device)
+        .init(&device);
+    // The affine coupling starts as the identity: give its nets output layers.
+    if let QkDynamics::Affine(affine) = &mut layer.dynamics {
+        for l in &mut affine.layers {
+            for net in [
+                &mut l.key_scale,
+                &mut l.key_shift,
+                &mut l.query_scale,
+                &mut l.query_shift,
+            ] {
+                let dist = burn::tensor::Distribution::Uniform(-0.3, 0.3);
+                net.w2 = Param::from_tensor(Tensor::random(net.w2.dims(), dist, &device));
+                net.b2 = Param::from_tensor(Tensor::random(net.b2.dims(), dist, &device));
+            }
+        }
+    }
+    layer
 }
 
 /// The same projections with standard attention.
@@ -104,6 +121,20 @@ proptest! {
         net.b2 = Param::from_tensor(net.b2.val().zeros_like());
         let x = random([2, seq, 16], seed + 1);
         assert_equal(mlp.forward(x.clone()), as_standard(&mlp).forward(x));
+    }
+
+    /// The affine coupling as initialised (zero output layers) is standard attention, exactly.
+    #[test]
+    fn a_fresh_affine_coupling_is_standard_attention(seed in 0u64..1000, seq in 1usize..9, layers in 1usize..3) {
+        use burn::tensor::backend::Backend;
+        let device = Default::default();
+        B::seed(&device, seed);
+        let affine = CoupledQkAttentionConfig::new(16, 2)
+            .with_dynamics(DynamicsConfig::affine(layers))
+            .with_causal(true)
+            .init::<B>(&device);
+        let x = random([2, seq, 16], seed + 1);
+        assert_equal(affine.forward(x.clone()), as_standard(&affine).forward(x));
     }
 
     /// With the causal mask, the output at t does not depend on tokens after t.

@@ -10,8 +10,9 @@ use std::str::FromStr;
 /// Which transformation a layer applies to `q` and `k` before scoring.
 ///
 /// Named (by [`Display`](fmt::Display) and [`FromStr`], and serialised as that name):
-/// `standard`, `mlp-only`, and a coupled variant with its step count, `euler1`, `leapfrog3`, …
-/// Parsing also takes `euler` and `leapfrog` for one step, and `hamiltonian` for leapfrog (the
+/// `standard`, `mlp-only`, a coupled variant with its step count (`euler1`, `leapfrog3`, …) and
+/// the affine coupling with its layer count (`affine1`, `affine2`, …). Parsing also takes
+/// `euler`, `leapfrog` and `affine` for one step or layer, and `hamiltonian` for leapfrog (the
 /// paper's word for it).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum DynamicsConfig {
@@ -19,6 +20,12 @@ pub enum DynamicsConfig {
     Standard,
     /// The uncoupled baseline of matched capacity: `q' = q + f(q)`, `k' = k`.
     MlpOnly,
+    /// The invertible affine coupling of `q` and `k` (RealNVP-style, `layers` alternating maps;
+    /// see [`AffineCoupling`](super::AffineCoupling)): standard attention at initialisation.
+    Affine {
+        /// How many layers (each moves `k`, then `q`).
+        layers: usize,
+    },
     /// The coupled dynamics `dq/dt = k`, `dk/dt = f(q)`, integrated for `steps` steps.
     Coupled {
         /// The integrator.
@@ -40,7 +47,7 @@ impl Default for DynamicsConfig {
 impl DynamicsConfig {
     /// The names [`FromStr`] takes, as a user would write them (`euler` and `leapfrog` take a step
     /// count: `euler3`).
-    pub const NAMES: [&'static str; 4] = ["standard", "mlp-only", "euler", "leapfrog"];
+    pub const NAMES: [&'static str; 5] = ["standard", "mlp-only", "euler", "leapfrog", "affine"];
 
     /// `steps` forward-Euler steps.
     pub fn euler(steps: usize) -> Self {
@@ -48,6 +55,11 @@ impl DynamicsConfig {
             integrator: IntegratorKind::Euler,
             steps,
         }
+    }
+
+    /// The affine coupling with `layers` layers.
+    pub fn affine(layers: usize) -> Self {
+        Self::Affine { layers }
     }
 
     /// `steps` leapfrog steps.
@@ -71,9 +83,15 @@ impl DynamicsConfig {
         !matches!(self, Self::Standard)
     }
 
-    /// Checks the step count.
+    /// Checks the step or layer count.
     pub fn validate(&self) -> Result<(), ConfigError> {
         match self {
+            Self::Affine { layers: 0 } => Err(ConfigError::new(
+                "DynamicsConfig",
+                "layers",
+                0,
+                "the affine coupling needs at least 1 layer (use `standard` for none)",
+            )),
             Self::Coupled { steps: 0, .. } => Err(ConfigError::new(
                 "DynamicsConfig",
                 "steps",
@@ -89,11 +107,15 @@ impl DynamicsConfig {
 /// coupled variants take.
 const INTEGRATORS: [IntegratorKind; 2] = [IntegratorKind::Euler, IntegratorKind::Leapfrog];
 
+/// The affine coupling's name.
+const AFFINE: &str = "affine";
+
 impl fmt::Display for DynamicsConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Standard => f.write_str("standard"),
             Self::MlpOnly => f.write_str("mlp-only"),
+            Self::Affine { layers } => write!(f, "{AFFINE}{layers}"),
             Self::Coupled { integrator, steps } => {
                 write!(f, "{}{steps}", integrator.build().name())
             }
@@ -118,15 +140,30 @@ impl FromStr for DynamicsConfig {
             (_, Some(integrator)) => integrator,
             ("standard" | "mlp-only", None) if !digits.is_empty() => {
                 return Err(format!(
-                    "`{name}`: only euler and leapfrog take a step count"
+                    "`{name}`: only euler and leapfrog take a step count (and affine a layer count)"
                 ));
+            }
+            (AFFINE, None) => {
+                let layers = match digits {
+                    "" => 1,
+                    d => d
+                        .parse()
+                        .map_err(|_| format!("`{name}`: the layer count `{d}` is not a number"))?,
+                };
+                if layers == 0 {
+                    return Err(format!(
+                        "`{name}`: the affine coupling needs at least one layer"
+                    ));
+                }
+                return Ok(Self::Affine { layers });
             }
             ("standard", None) => return Ok(Self::Standard),
             ("mlp-only", None) => return Ok(Self::MlpOnly),
             _ => {
                 return Err(format!(
-                    "unknown dynamics `{name}`: expected standard, mlp-only, euler or leapfrog \
-                     (euler and leapfrog with an optional step count, e.g. euler3)"
+                    "unknown dynamics `{name}`: expected standard, mlp-only, euler, leapfrog or \
+                     affine (euler and leapfrog with an optional step count, e.g. euler3; affine \
+                     with a layer count, e.g. affine2)"
                 ));
             }
         };
@@ -169,12 +206,20 @@ mod tests {
             DynamicsConfig::MlpOnly,
             DynamicsConfig::euler(1),
             DynamicsConfig::leapfrog(7),
+            DynamicsConfig::affine(2),
         ] {
             assert_eq!(config.to_string().parse::<DynamicsConfig>(), Ok(config));
         }
         assert_eq!(DynamicsConfig::euler(3).to_string(), "euler3");
         assert_eq!("euler".parse(), Ok(DynamicsConfig::euler(1)));
         assert_eq!("hamiltonian5".parse(), Ok(DynamicsConfig::leapfrog(5)));
+        assert_eq!("affine".parse(), Ok(DynamicsConfig::affine(1)));
+        assert_eq!(DynamicsConfig::affine(3).to_string(), "affine3");
+        assert!("affine0".parse::<DynamicsConfig>().is_err());
+        assert_eq!(
+            DynamicsConfig::affine(0).validate().unwrap_err().field,
+            "layers"
+        );
         for name in DynamicsConfig::NAMES {
             assert!(name.parse::<DynamicsConfig>().is_ok(), "{name}");
         }

@@ -1,8 +1,10 @@
 //! The transformation of queries and keys before scoring: the one place that decides between
 //! standard attention, the MLP-only baseline and the coupled dynamics.
 
+mod affine;
 mod config;
 
+pub use affine::{AffineCoupling, AffineLayer, SCALE_BOUND};
 pub use config::DynamicsConfig;
 
 use crate::coupling::{CouplingNet, CouplingNetConfig};
@@ -26,6 +28,8 @@ pub enum QkDynamics<B: Backend> {
     MlpOnly(CouplingNet<B>),
     /// `dq/dt = k`, `dk/dt = f(q)`, integrated.
     Coupled(CoupledDynamics<B>),
+    /// The invertible affine coupling.
+    Affine(AffineCoupling<B>),
 }
 
 /// The dynamics of standard attention: none. A module without parameters.
@@ -58,6 +62,9 @@ impl<B: Backend> QkDynamics<B> {
         Ok(match config {
             DynamicsConfig::Standard => Self::Standard(Identity),
             DynamicsConfig::MlpOnly => Self::MlpOnly(coupling.try_init(device)?),
+            DynamicsConfig::Affine { layers } => {
+                Self::Affine(AffineCoupling::try_init(*layers, coupling, device)?)
+            }
             DynamicsConfig::Coupled { integrator, steps } => Self::Coupled(CoupledDynamics {
                 coupling: coupling.try_init(device)?,
                 step_size: dt.try_init(n_heads, device)?,
@@ -78,16 +85,16 @@ impl<B: Backend> QkDynamics<B> {
                 ..coupled
             }),
             _ => panic!(
-                "with_integrator: standard and MLP-only dynamics have no integrator; \
+                "with_integrator: standard, MLP-only and affine dynamics have no integrator; \
                  build the layer with DynamicsConfig::Coupled"
             ),
         }
     }
 
-    /// The coupling net `f`, if the dynamics have one.
+    /// The coupling net `f`, if the dynamics have one (the affine coupling has several).
     pub fn coupling(&self) -> Option<&CouplingNet<B>> {
         match self {
-            Self::Standard(_) => None,
+            Self::Standard(_) | Self::Affine(_) => None,
             Self::MlpOnly(f) => Some(f),
             Self::Coupled(coupled) => Some(&coupled.coupling),
         }
@@ -116,6 +123,7 @@ impl<B: Backend> QkDynamics<B> {
             Self::Standard(_) => (q, k),
             Self::MlpOnly(f) => (q.clone() + f.forward(q), k),
             Self::Coupled(coupled) => coupled.forward(q, k),
+            Self::Affine(affine) => affine.forward(q, k),
         }
     }
 }
