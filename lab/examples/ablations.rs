@@ -35,7 +35,7 @@ struct Args {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "standard,mlp-only,euler,leapfrog,diff"
+        default_value = "standard,mlp-only,euler,leapfrog,affine,diff"
     )]
     variants: Vec<String>,
     /// Integrator steps of euler and leapfrog, each a variant of its own.

@@ -27,12 +27,14 @@ use std::path::PathBuf;
 #[derive(Parser, Debug)]
 #[command(about = "Train a GPT with coupled QK attention on WikiText-103 (or another corpus)")]
 struct Args {
-    /// Attention variant: standard, mlp-only, euler, leapfrog or diff (differential attention).
+    /// Attention variant: standard, mlp-only, euler, leapfrog, affine or diff (differential
+    /// attention); `euler3` names a step count, `affine2` a layer count.
     #[arg(long, default_value = "euler")]
     attention: AttentionVariant,
-    /// Integrator steps of euler/leapfrog (the paper finds one enough).
-    #[arg(long, default_value_t = 1)]
-    steps: usize,
+    /// Integrator steps of euler/leapfrog (the paper finds one enough); the same as a step count
+    /// in the name (`--attention euler3`).
+    #[arg(long)]
+    steps: Option<usize>,
     /// Model preset: tiny, 60m, 150m, 350m.
     #[arg(long, default_value = "60m")]
     preset: Preset,
@@ -231,7 +233,10 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let corpus = load_corpus(&source, args.tokenizer, &options)?.corpus;
 
     let model = GptConfig::preset(args.preset, corpus.vocab_size)
-        .with_attention(args.attention.clone().with_steps(args.steps));
+        .with_attention(match args.steps {
+            Some(steps) => args.attention.clone().with_steps(steps),
+            None => args.attention.clone(),
+        });
     let mut config = TrainConfig::new(model);
     preset_defaults(args.preset, &mut config);
     for note in apply_flags(&args, &mut config)? {
