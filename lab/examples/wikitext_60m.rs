@@ -232,8 +232,8 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     }
     let corpus = load_corpus(&source, args.tokenizer, &options)?.corpus;
 
-    let model = GptConfig::preset(args.preset, corpus.vocab_size)
-        .with_attention(match args.steps {
+    let model =
+        GptConfig::preset(args.preset, corpus.vocab_size).with_attention(match args.steps {
             Some(steps) => args.attention.clone().with_steps(steps),
             None => args.attention.clone(),
         });
