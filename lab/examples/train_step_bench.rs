@@ -62,7 +62,7 @@ struct Args {
     /// Only these configurations (tiny, torch-small, torch-medium, layer-60m, 60m).
     #[arg(long, value_delimiter = ',')]
     only: Option<Vec<String>>,
-    /// Only these variants (standard, euler1, euler3, leapfrog1, mlp-only, diff, burn-mha);
+    /// Only these variants (standard, euler1, euler3, leapfrog1, mlp-only, affine1, diff, burn-mha);
     /// standard is always run: the ratios are to it.
     #[arg(long, value_delimiter = ',')]
     variants: Option<Vec<String>>,
@@ -144,6 +144,7 @@ fn contenders(args: &Args) -> Vec<(String, Contender)> {
         "euler3",
         "leapfrog1",
         "mlp-only",
+        "affine1",
         "diff",
     ];
     let mut all: Vec<(String, Contender)> = crate_variants
