@@ -45,8 +45,8 @@ pub mod step_size;
 
 pub use attention::{
     AttentionInput, CoupledQkAttention, CoupledQkAttentionConfig, CoupledQkCache,
-    DifferentialAttention, DifferentialAttentionConfig, DynamicsStats, QkStates, RotaryConfig,
-    RotaryPosition,
+    DifferentialAttention, DifferentialAttentionConfig, DynamicsStats, KvCache, QkStates,
+    RotaryConfig, RotaryPosition,
 };
 pub use coupling::{CouplingNet, CouplingNetConfig};
 pub use dynamics::{AffineCoupling, CoupledDynamics, DynamicsConfig, Identity, QkDynamics};

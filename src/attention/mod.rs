@@ -2,6 +2,7 @@
 //! differential attention. Both take an [`AttentionInput`], score with one scaled dot-product
 //! function (`sdpa`) and build their masks with one mask builder (`mask`).
 
+mod cache;
 mod coupled;
 mod differential;
 mod input;
@@ -9,9 +10,8 @@ mod mask;
 mod rotary;
 mod sdpa;
 
-pub use coupled::{
-    CoupledQkAttention, CoupledQkAttentionConfig, CoupledQkCache, DynamicsStats, QkStates,
-};
+pub use cache::{CoupledQkCache, KvCache};
+pub use coupled::{CoupledQkAttention, CoupledQkAttentionConfig, DynamicsStats, QkStates};
 pub use differential::{DifferentialAttention, DifferentialAttentionConfig};
 pub use input::AttentionInput;
 pub use rotary::{RotaryConfig, RotaryPosition};

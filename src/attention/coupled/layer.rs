@@ -1,4 +1,4 @@
-use super::cache::CoupledQkCache;
+use crate::attention::cache::CoupledQkCache;
 use crate::attention::input::{AttentionInput, check_input};
 use crate::attention::rotary::{RotaryPosition, rotate};
 use crate::attention::sdpa::attend;

@@ -1,9 +1,10 @@
-use crate::attention::input::AttentionInput;
+use crate::attention::cache::KvCache;
+use crate::attention::input::{AttentionInput, check_input};
 use crate::attention::rotary::rotate;
 use crate::attention::sdpa::attention_weights;
 use burn::module::{Module, Param};
 use burn::nn::{Dropout, Linear, RmsNorm, RotaryEncoding};
-use burn::tensor::{Tensor, backend::Backend};
+use burn::tensor::{Bool, Tensor, backend::Backend};
 
 /// Multi-head **differential attention**, from *Differential Transformer* (Ye et al. 2024,
 /// arXiv:2410.05258, V1).
@@ -78,39 +79,94 @@ impl<B: Backend> DifferentialAttention<B> {
     /// If a shape differs from the above (the message names the expected shape), or the sequence
     /// is longer than the rotary embedding's `max_seq_len`.
     pub fn forward(&self, input: impl Into<AttentionInput<B>>) -> Tensor<B, 3> {
+        let (x, mask) = input.into().unpack(NAME, self.d_model(), 2 * self.n_heads);
+        let (q, k, v) = self.project(x, cache.len());
+        self.attend(q, k, v, mask)
+    }
+
+    /// Self-attention over new positions, given the cache of earlier ones: for autoregressive
+    /// decoding. Feeding a sequence in chunks through the same cache gives the outputs of
+    /// [`forward`](Self::forward) on the whole sequence, when the layer is causal.
+    ///
+    /// # Shapes
+    /// - `x`: `[batch, new, d_model]`
+    /// - output: `[batch, new, d_model]`
+    ///
+    /// # Panics
+    /// If `x` is not `[batch, new, d_model]` with the cache's batch size, or the cached and new
+    /// positions exceed the rotary embedding's `max_seq_len`.
+    pub fn forward_cache(&self, x: Tensor<B, 3>, cache: &mut KvCache<B>) -> Tensor<B, 3> {
+        let [batch, _, _] = check_input(NAME, &x, self.d_model());
+        if let Some(cached) = cache.batch() {
+            assert_eq!(
+                batch, cached,
+                "{NAME}::forward_cache: the cache holds batch size {cached}, got input batch size {batch}"
+            );
+        }
+        let (q, k, v) = self.project(x, cache.len());
+        let (k, v) = cache.append(k, v);
+        self.attend(q, k, v, None)
+    }
+
+    /// The query and key maps (rotated as positions `start..`) and the values.
+    ///
+    /// # Shapes
+    /// - `x`: `[batch, seq, d_model]`
+    /// - output: `q`, `k`: `[batch, 2·heads, seq, d_map]` (map `2h` and `2h + 1` are head `h`'s
+    ///   first and second, the reference code's layout); `v`: `[batch, heads, seq, 2·d_map]`
+    fn project(&self, x: Tensor<B, 3>, start: usize) -> (Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>) {
         let (heads, d_map) = (self.n_heads, self.d_map);
-        let (x, mask) = input.into().unpack(NAME, self.d_model(), 2 * heads);
-        let [batch, seq, d_model] = x.dims();
-        // Map 2h and 2h+1 are head h's first and second (the reference code's layout).
+        let [batch, seq, _] = x.dims();
         let maps = |t: Tensor<B, 3>| {
             let t = t.reshape([batch, seq, 2 * heads, d_map]).swap_dims(1, 2);
             match &self.rotary {
-                Some(rope) => rotate(NAME, rope, t, 0),
+                Some(rope) => rotate(NAME, rope, t, start),
                 None => t,
             }
-        }; // [b, 2h, s, d_map]
+        };
         let q = maps(self.query.forward(x.clone()));
         let k = maps(self.key.forward(x.clone()));
         let v = self
             .value
             .forward(x)
             .reshape([batch, seq, heads, 2 * d_map])
-            .swap_dims(1, 2); // [b, h, s, 2·d_map]
+            .swap_dims(1, 2);
+        (q, k, v)
+    }
+
+    /// `(1 − λ_init)·RMSNorm((A₁ − λ·A₂)·V)` per head, merged and projected.
+    ///
+    /// # Shapes
+    /// - `q`: `[batch, 2·heads, s_q, d_map]`; `k`: `[batch, 2·heads, s_k, d_map]`;
+    ///   `v`: `[batch, heads, s_k, 2·d_map]`; `mask`: `[batch, 2·heads, s_q, s_k]`
+    /// - output: `[batch, s_q, d_model]`
+    fn attend(
+        &self,
+        q: Tensor<B, 4>,
+        k: Tensor<B, 4>,
+        v: Tensor<B, 4>,
+        mask: Option<Tensor<B, 4, Bool>>,
+    ) -> Tensor<B, 3> {
+        let heads = self.n_heads;
+        let [batch, _, s_q, _] = q.dims();
+        let s_k = k.dims()[2];
         let weights =
-            attention_weights(q, k, mask, self.causal).reshape([batch, heads, 2, seq, seq]);
+            attention_weights(q, k, mask, self.causal).reshape([batch, heads, 2, s_q, s_k]);
         let [a1, a2] = [0, 1].map(|i| {
             weights
                 .clone()
                 .narrow(2, i, 1)
-                .reshape([batch, heads, seq, seq])
+                .reshape([batch, heads, s_q, s_k])
         });
         let lambda = self.lambda().reshape([1, 1, 1, 1]);
-        let context = self.dropout.forward(a1 - a2 * lambda).matmul(v); // [b, h, s, 2·d_map]
+        let context = self.dropout.forward(a1 - a2 * lambda).matmul(v); // [b, h, s_q, 2·d_map]
         let context = self
             .norm
             .forward(context)
             .mul_scalar(1.0 - self.lambda_init);
-        let merged = context.swap_dims(1, 2).reshape([batch, seq, d_model]);
+        let merged = context
+            .swap_dims(1, 2)
+            .reshape([batch, s_q, self.d_model()]);
         self.output.forward(merged)
     }
 

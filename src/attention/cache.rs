@@ -1,26 +1,33 @@
+//! [`KvCache`]: the keys and values an attention layer has seen, for incremental decoding.
+
 use burn::tensor::{Tensor, backend::Backend};
 
-/// The keys and values a [`CoupledQkAttention`](super::CoupledQkAttention) has seen, for
-/// incremental decoding.
+/// The keys and values an attention layer has seen, for incremental decoding with
+/// [`CoupledQkAttention::forward_cache`](super::CoupledQkAttention::forward_cache) or
+/// [`DifferentialAttention::forward_cache`](super::DifferentialAttention::forward_cache).
 ///
-/// The keys are stored **evolved** (after the dynamics and, if configured, the rotary embedding):
-/// the dynamics act on each token alone, so a token's evolved key never changes once computed, and
-/// decoding with this cache equals the full forward pass.
+/// The keys are stored as scored: for the coupled layer **evolved** (after the dynamics and, if
+/// configured, the rotary embedding). The dynamics act on each token alone, so a token's evolved
+/// key never changes once computed, and decoding with this cache equals the full forward pass.
+/// One cache per layer.
 #[derive(Debug, Clone)]
-pub struct CoupledQkCache<B: Backend> {
-    /// `[batch, heads, len, d_head]`
+pub struct KvCache<B: Backend> {
+    /// `[batch, key heads, len, d_key]`
     pub(crate) keys: Option<Tensor<B, 4>>,
-    /// `[batch, heads, len, d_head]`
+    /// `[batch, value heads, len, d_value]`
     pub(crate) values: Option<Tensor<B, 4>>,
 }
 
-impl<B: Backend> Default for CoupledQkCache<B> {
+/// The cache of a [`CoupledQkAttention`](super::CoupledQkAttention) layer.
+pub type CoupledQkCache<B> = KvCache<B>;
+
+impl<B: Backend> Default for KvCache<B> {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl<B: Backend> CoupledQkCache<B> {
+impl<B: Backend> KvCache<B> {
     /// An empty cache.
     pub fn new() -> Self {
         Self {
@@ -42,6 +49,11 @@ impl<B: Backend> CoupledQkCache<B> {
     /// Forgets every position.
     pub fn clear(&mut self) {
         *self = Self::new();
+    }
+
+    /// The batch size of the cached positions, if any.
+    pub(crate) fn batch(&self) -> Option<usize> {
+        self.keys.as_ref().map(|k| k.dims()[0])
     }
 
     /// Appends new keys and values and returns all of them.
