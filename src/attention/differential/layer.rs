@@ -80,7 +80,7 @@ impl<B: Backend> DifferentialAttention<B> {
     /// is longer than the rotary embedding's `max_seq_len`.
     pub fn forward(&self, input: impl Into<AttentionInput<B>>) -> Tensor<B, 3> {
         let (x, mask) = input.into().unpack(NAME, self.d_model(), 2 * self.n_heads);
-        let (q, k, v) = self.project(x, cache.len());
+        let (q, k, v) = self.project(x, 0);
         self.attend(q, k, v, mask)
     }
 
