@@ -123,7 +123,7 @@ fn initial_loss_is_near_log_vocab() {
 }
 
 #[test]
-#[should_panic(expected = "exceeds the context of 12")]
+#[should_panic(expected = "13 positions exceed the context of 12")]
 fn a_too_long_sequence_names_the_context() {
     tiny(Positions::Learned, 4, true).forward(tokens(&[1; 13], 1));
 }
@@ -241,5 +241,43 @@ fn each_variant_builds_its_layer() {
             .init::<B>(&device);
         let built = matches!(model.blocks[0].attention, BlockAttention::Differential(_));
         assert_eq!(built, differential, "{name}");
+    }
+}
+
+#[test]
+fn cached_decoding_gives_the_full_forward_logits_for_every_variant() {
+    use coupled_qk::model::GptCache;
+    let device = Default::default();
+    for name in [
+        "standard",
+        "mlp-only",
+        "euler2",
+        "leapfrog1",
+        "affine1",
+        "diff",
+    ] {
+        for positions in [Positions::Learned, Positions::Rotary] {
+            let model = GptConfig::new(32, 16, 2, 2, 12)
+                .with_attention(name.parse().unwrap())
+                .with_positions(positions)
+                .init::<B>(&device);
+            let ids = tokens(&[1, 5, 9, 3, 7, 2, 8, 4, 11, 30], 1);
+            let full = model.forward(ids.clone());
+            let mut cache = GptCache::new();
+            let mut parts = Vec::new();
+            let mut start = 0;
+            // A prompt of four, then one token at a time.
+            for n in [4, 1, 1, 1, 1, 1, 1] {
+                parts.push(
+                    model.forward_cache(ids.clone().slice([0..1, start..start + n]), &mut cache),
+                );
+                start += n;
+            }
+            assert_eq!(cache.len(), 10);
+            Tensor::cat(parts, 1).into_data().assert_approx_eq::<f32>(
+                &full.into_data(),
+                burn::tensor::Tolerance::absolute(1e-5),
+            );
+        }
     }
 }

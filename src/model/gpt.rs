@@ -3,7 +3,7 @@
 //! embedding. Shapes in comments: `b` batch,
 //! `s` sequence, `d` d_model, `v` vocabulary.
 
-use crate::attention::{CoupledQkAttention, DifferentialAttention, DynamicsStats};
+use crate::attention::{CoupledQkAttention, DifferentialAttention, DynamicsStats, KvCache};
 use burn::module::Module;
 use burn::nn::{Embedding, Gelu, LayerNorm, Linear, RmsNorm};
 use burn::tensor::{Int, Tensor, backend::Backend};
@@ -50,12 +50,58 @@ impl<B: Backend> BlockAttention<B> {
         }
     }
 
+    /// Causal self-attention over new positions, given the cache of earlier ones.
+    ///
+    /// # Shapes
+    /// - `x`: `[batch, new, d_model]`
+    /// - output: `[batch, new, d_model]`
+    pub fn forward_cache(&self, x: Tensor<B, 3>, cache: &mut KvCache<B>) -> Tensor<B, 3> {
+        match self {
+            Self::Coupled(attention) => attention.forward_cache(x, cache),
+            Self::Differential(attention) => attention.forward_cache(x, cache),
+        }
+    }
+
     /// The parameters the layer adds over standard attention with the same projections.
     pub fn extra_num_params(&self) -> usize {
         match self {
             Self::Coupled(attention) => attention.extra_num_params(),
             Self::Differential(attention) => attention.extra_num_params(),
         }
+    }
+}
+
+/// The caches of a [`Gpt`]'s layers, for [`Gpt::forward_cache`]: one [`KvCache`] per block.
+#[derive(Debug, Clone)]
+pub struct GptCache<B: Backend> {
+    layers: Vec<KvCache<B>>,
+}
+
+impl<B: Backend> Default for GptCache<B> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<B: Backend> GptCache<B> {
+    /// An empty cache (sized to the model on first use).
+    pub fn new() -> Self {
+        Self { layers: Vec::new() }
+    }
+
+    /// How many positions it holds.
+    pub fn len(&self) -> usize {
+        self.layers.first().map_or(0, KvCache::len)
+    }
+
+    /// Whether it holds no position.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Forgets every position.
+    pub fn clear(&mut self) {
+        self.layers.clear();
     }
 }
 
@@ -86,6 +132,16 @@ pub struct Block<B: Backend> {
 impl<B: Backend> Block<B> {
     fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         let x = x.clone() + self.attention.forward(self.norm_attention.forward(x)); // [b, s, d]
+        self.forward_mlp(x)
+    }
+
+    fn forward_cache(&self, x: Tensor<B, 3>, cache: &mut KvCache<B>) -> Tensor<B, 3> {
+        let h = self.norm_attention.forward(x.clone());
+        let x = x + self.attention.forward_cache(h, cache); // [b, new, d]
+        self.forward_mlp(x)
+    }
+
+    fn forward_mlp(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         match (&self.norm_mlp, &self.mlp) {
             (Some(norm), Some(mlp)) => {
                 let h = mlp.gelu.forward(mlp.up.forward(norm.forward(x.clone()))); // [b, s, r·d]
@@ -114,21 +170,24 @@ pub struct Gpt<B: Backend> {
 }
 
 impl<B: Backend> Gpt<B> {
-    /// Token (and learned position) embeddings, `[batch, seq]` → `[batch, seq, d]`.
-    fn embed(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
+    /// Token (and learned position) embeddings of positions `start..start + seq`,
+    /// `[batch, seq]` → `[batch, seq, d]`.
+    fn embed(&self, tokens: Tensor<B, 2, Int>, start: usize) -> Tensor<B, 3> {
         let [batch, seq] = tokens.dims();
         assert!(
-            seq <= self.context,
-            "Gpt: a sequence of {seq} tokens exceeds the context of {}",
+            start + seq <= self.context,
+            "Gpt: {} positions exceed the context of {}",
+            start + seq,
             self.context
         );
         let device = tokens.device();
         let x = self.tokens.forward(tokens); // [b, s, d]
         match &self.positions {
             Some(positions) => {
-                let index = Tensor::<B, 1, Int>::arange(0..seq as i64, &device)
-                    .reshape([1, seq])
-                    .expand([batch, seq]);
+                let index =
+                    Tensor::<B, 1, Int>::arange(start as i64..(start + seq) as i64, &device)
+                        .reshape([1, seq])
+                        .expand([batch, seq]);
                 x + positions.forward(index) // [b, s, d]
             }
             None => x,
@@ -144,10 +203,41 @@ impl<B: Backend> Gpt<B> {
     /// # Panics
     /// If `seq` exceeds the context.
     pub fn forward(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
-        let mut x = self.embed(tokens); // [b, s, d]
+        let mut x = self.embed(tokens, 0); // [b, s, d]
         for block in &self.blocks {
             x = block.forward(x);
         }
+        self.head(x)
+    }
+
+    /// Next-token logits of new positions, given the cache of earlier ones: incremental decoding.
+    /// Feeding a sequence in chunks (a prompt, then one token at a time) through one cache gives
+    /// the logits of [`forward`](Self::forward) on the whole sequence.
+    ///
+    /// # Shapes
+    /// - `tokens`: `[batch, new]`
+    /// - output: `[batch, new, vocab]`
+    ///
+    /// # Panics
+    /// If the cached and new positions exceed the context, or the batch size is not the cache's.
+    pub fn forward_cache(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        cache: &mut GptCache<B>,
+    ) -> Tensor<B, 3> {
+        if cache.layers.len() != self.blocks.len() {
+            cache.layers = (0..self.blocks.len()).map(|_| KvCache::new()).collect();
+        }
+        let start = cache.len();
+        let mut x = self.embed(tokens, start); // [b, new, d]
+        for (block, layer_cache) in self.blocks.iter().zip(&mut cache.layers) {
+            x = block.forward_cache(x, layer_cache);
+        }
+        self.head(x)
+    }
+
+    /// The final norm and the LM head: `[batch, seq, d]` → `[batch, seq, vocab]`.
+    fn head(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         let x = self.norm.forward(x); // [b, s, d]
         match &self.head {
             Some(head) => head.forward(x),
@@ -172,7 +262,7 @@ impl<B: Backend> Gpt<B> {
     /// # Panics
     /// If `seq` exceeds the context.
     pub fn dynamics_stats(&self, tokens: Tensor<B, 2, Int>) -> Vec<Option<DynamicsStats>> {
-        let mut x = self.embed(tokens);
+        let mut x = self.embed(tokens, 0);
         let mut stats = Vec::with_capacity(self.blocks.len());
         for block in &self.blocks {
             stats.push(match &block.attention {

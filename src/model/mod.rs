@@ -6,6 +6,6 @@ mod loss;
 mod variant;
 
 pub use config::{GptConfig, NormKind, Positions, Preset};
-pub use gpt::{Block, BlockAttention, Gpt, Mlp, Norm};
+pub use gpt::{Block, BlockAttention, Gpt, GptCache, Mlp, Norm};
 pub use loss::masked_cross_entropy;
 pub use variant::AttentionVariant;
