@@ -281,3 +281,57 @@ fn cached_decoding_gives_the_full_forward_logits_for_every_variant() {
         }
     }
 }
+
+#[test]
+fn generation_is_greedy_over_the_full_forward_and_reproducible_with_a_seed() {
+    use coupled_qk::model::SamplerConfig;
+    let device = Default::default();
+    let model = GptConfig::new(32, 16, 2, 2, 12).init::<B>(&device);
+    let prompt = [3u32, 14, 15];
+    let greedy = SamplerConfig::new()
+        .with_temperature(0.0)
+        .with_max_new_tokens(5);
+    let mut streamed = Vec::new();
+    let out = model
+        .generate(&prompt, &greedy, |t| streamed.push(t))
+        .unwrap();
+    assert_eq!(out.len(), 5);
+    assert_eq!(streamed, out);
+    // Each greedy token is the argmax of the full forward pass over everything before it.
+    let all: Vec<i64> = prompt.iter().chain(&out).map(|&t| t as i64).collect();
+    let logits = model.forward(tokens(&all[..all.len() - 1], 1));
+    let [_, n, v] = logits.dims();
+    let values: Vec<f32> = logits.into_data().convert::<f32>().to_vec().unwrap();
+    for (i, &t) in out.iter().enumerate() {
+        let row = &values[(prompt.len() - 1 + i) * v..(prompt.len() + i) * v];
+        let argmax = (0..v).max_by(|&a, &b| row[a].total_cmp(&row[b])).unwrap();
+        assert_eq!(t as usize, argmax, "token {i} of {n}");
+    }
+
+    // Sampling: the seed decides; a stop token stops; the context bounds the output.
+    let sample = |seed| {
+        let s = SamplerConfig::new().with_seed(seed).with_max_new_tokens(8);
+        model.generate(&prompt, &s, |_| {}).unwrap()
+    };
+    assert_eq!(sample(1), sample(1));
+    assert!(
+        (2..6).any(|seed| sample(seed) != sample(1)),
+        "seeds change the sample"
+    );
+    let first = sample(1)[0];
+    let stop = SamplerConfig::new()
+        .with_seed(1)
+        .with_stop_tokens(vec![first]);
+    assert_eq!(model.generate(&prompt, &stop, |_| {}).unwrap(), [first]);
+    let long = SamplerConfig::new().with_max_new_tokens(100);
+    assert_eq!(
+        model.generate(&prompt, &long, |_| {}).unwrap().len(),
+        12 - 3 + 1
+    );
+    let err = model.generate(&[40], &greedy, |_| {}).unwrap_err();
+    assert!(err.to_string().contains("vocabulary size 32"), "{err}");
+    assert_eq!(
+        model.generate(&[], &greedy, |_| {}).unwrap_err().field,
+        "prompt"
+    );
+}
