@@ -845,3 +845,32 @@ fn a_plot_that_cannot_be_written_does_not_stop_training() {
     assert!(summary.finished);
     assert!(dir.join("loss.svg").is_dir());
 }
+
+#[test]
+fn a_run_folder_loads_for_inference_and_generates() {
+    use coupled_qk::model::SamplerConfig;
+    use coupled_qk_lab::lm::load_trained;
+    let _guard = serial();
+    let corpus = corpus();
+    let dir = out_dir("load-trained");
+    let device = Default::default();
+    train_with::<B>(&tiny(3), &corpus, &dir, &quiet(), &device).unwrap();
+    let (model, config, step) = load_trained::<Flex>(&dir, &device).unwrap();
+    assert_eq!((step, config.train.max_steps), (3, 3));
+    assert_eq!(config.corpus.tokenizer, "bytes");
+    // The loaded weights are the checkpoint's: the same validation loss as the run's summary.
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    let batches = coupled_qk_lab::data::eval_batches(&corpus.valid, 64, 16, Some(16)).unwrap();
+    let val = coupled_qk_lab::lm::evaluate(&model, &batches, &device);
+    assert!((val.loss - summary["val_loss"].as_f64().unwrap()).abs() < 1e-6);
+    let greedy = SamplerConfig::new()
+        .with_temperature(0.0)
+        .with_max_new_tokens(3);
+    assert_eq!(
+        model.generate(&[84, 104], &greedy, |_| {}).unwrap().len(),
+        3
+    );
+    let err = load_trained::<Flex>(&dir.join("checkpoints"), &device).unwrap_err();
+    assert!(err.to_string().contains("config.json"), "{err}");
+}

@@ -223,8 +223,46 @@ where
     Ok((model, optimizer.load_record(optimizer_record), state))
 }
 
+/// The trained model of a run folder, for inference on any backend: the model its `config.json`
+/// describes, with the weights of its newest complete checkpoint (the optimiser state is not
+/// read). Returns the run's config too.
+///
+/// # Errors
+/// A folder without `config.json` or without a complete checkpoint, and unreadable files.
+pub fn load_trained<B: burn::tensor::backend::Backend>(
+    out_dir: &Path,
+    device: &B::Device,
+) -> Result<(Gpt<B>, super::RunConfig, usize), TrainError> {
+    let config_path = out_dir.join("config.json");
+    let text = std::fs::read_to_string(&config_path)
+        .map_err(|e| TrainError::io("read", &config_path, e))?;
+    let config: super::RunConfig =
+        serde_json::from_str(&text).map_err(|e| TrainError::Corrupt {
+            path: config_path.clone(),
+            message: e.to_string(),
+            hint: "not the config.json of a run of this harness",
+        })?;
+    let Some((step, dir)) = list_checkpoints(out_dir)?.pop() else {
+        return Err(TrainError::Corrupt {
+            path: checkpoints_dir(out_dir),
+            message: "holds no complete checkpoint".into(),
+            hint: "train the run (or resume it) until it writes one",
+        });
+    };
+    let model: Gpt<B> = config.train.model.try_init(device)?;
+    let path = dir.join(MODEL);
+    let bytes = std::fs::read(&path).map_err(|e| TrainError::io("read", &path, e))?;
+    let record =
+        Recorder::<B>::load(&recorder(), bytes, device).map_err(|e| TrainError::Corrupt {
+            path: path.clone(),
+            message: e.to_string(),
+            hint: "delete this checkpoint folder to use the previous one",
+        })?;
+    Ok((model.load_record(record), config, step))
+}
+
 /// Every float parameter's path and shape, in visiting order.
-fn param_shapes<B: AutodiffBackend>(model: &Gpt<B>) -> Vec<(String, Vec<usize>)> {
+fn param_shapes<B: burn::tensor::backend::Backend>(model: &Gpt<B>) -> Vec<(String, Vec<usize>)> {
     #[derive(Default)]
     struct Shapes {
         path: Vec<String>,

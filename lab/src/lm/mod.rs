@@ -16,7 +16,7 @@ mod trainer;
 
 pub use checkpoint::{
     CheckpointState, checkpoint_dir, checkpoints_dir, list_checkpoints, load_checkpoint,
-    prune_checkpoints, save_checkpoint,
+    load_trained, prune_checkpoints, save_checkpoint,
 };
 pub use clip::clip_global_norm;
 pub use config::{
