@@ -13,9 +13,8 @@
 //! when the program is run again, interrupted ones resume.
 
 use clap::Parser;
-use coupled_qk_lab::backend::dispatch_devices;
 use coupled_qk_lab::suite::{
-    Budget, Cells, ablation_table, aggregate, command_line, paired, paired_table, parse_variants,
+    Budget, ablation_table, aggregate, command_line, paired, paired_table, parse_variants,
     seed_table, write_report,
 };
 use std::path::PathBuf;
@@ -86,14 +85,7 @@ fn run(args: Args) -> Result<(), String> {
         variants.len(),
         args.seeds.len()
     );
-    let outcome = dispatch_devices(
-        args.budget.backend,
-        usize::from(args.budget.devices),
-        Cells {
-            suite: &suite,
-            cells,
-        },
-    )?;
+    let outcome = args.budget.train(&suite, cells)?;
     let results = &outcome.results;
     let aggregates = aggregate(results);
     let paired = paired(results, "standard");

@@ -11,8 +11,7 @@
 
 use clap::Parser;
 use coupled_qk::model::AttentionVariant;
-use coupled_qk_lab::backend::dispatch_devices;
-use coupled_qk_lab::suite::{Budget, Cells, command_line, first_reach, seed_table, write_report};
+use coupled_qk_lab::suite::{Budget, command_line, first_reach, seed_table, write_report};
 use std::fmt::Write;
 use std::path::PathBuf;
 
@@ -76,14 +75,7 @@ fn run(args: Args) -> Result<(), String> {
         cells.push((&corpus, coupled_label.clone(), coupled));
         cells.push((&corpus, baseline_label.clone(), long));
     }
-    let outcome = dispatch_devices(
-        args.budget.backend,
-        usize::from(args.budget.devices),
-        Cells {
-            suite: &suite,
-            cells,
-        },
-    )?;
+    let outcome = args.budget.train(&suite, cells)?;
     let results = &outcome.results;
     let Some(coupled_tokens) = results
         .iter()

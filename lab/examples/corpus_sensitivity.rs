@@ -11,10 +11,9 @@
 //! Writes `results.md`, `results.json` and one `curves-<corpus>.svg` per corpus to `--out`.
 
 use clap::Parser;
-use coupled_qk_lab::backend::dispatch_devices;
 use coupled_qk_lab::suite::{
-    Budget, Cells, aggregate, change_pct, command_line, paired, paired_table, parse_variants,
-    seed_table, shared_data_dir, write_report,
+    Budget, aggregate, change_pct, command_line, paired, paired_table, parse_variants, seed_table,
+    shared_data_dir, write_report,
 };
 use std::fmt::Write;
 use std::path::PathBuf;
@@ -118,14 +117,7 @@ fn run(args: Args) -> Result<(), String> {
         variants.len(),
         args.seeds.len()
     );
-    let outcome = dispatch_devices(
-        args.budget.backend,
-        usize::from(args.budget.devices),
-        Cells {
-            suite: &suite,
-            cells,
-        },
-    )?;
+    let outcome = args.budget.train(&suite, cells)?;
     let results = &outcome.results;
     let aggregates = aggregate(results);
     let baseline = &variants[0].to_string();

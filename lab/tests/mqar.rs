@@ -187,20 +187,9 @@ fn a_sweep_resumes_and_refuses_a_different_one() {
     let dir = std::env::temp_dir().join(format!("coupled-qk-sweep-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let sweep = Sweep {
-        vocab: 16,
-        tasks: vec![(8, 2)],
-        variants: vec![coupled_qk::DynamicsConfig::Standard.into()],
-        d_models: vec![8],
         lrs: vec![1e-3, 3e-3],
-        n_heads: 1,
-        n_layers: 1,
-        mlp: false,
-        batch_size: 8,
-        train_examples: 16,
-        test_examples: 8,
-        steps: 2,
         eval_every: 2,
-        seeds: vec![0],
+        ..small_sweep()
     };
     let device = Default::default();
     let first = sweep
@@ -315,20 +304,10 @@ fn a_sweep_refuses_a_batch_larger_than_its_examples_or_empty() {
     use burn::backend::{Autodiff, Flex};
     use coupled_qk_lab::mqar::Sweep;
     let sweep = Sweep {
-        vocab: 16,
-        tasks: vec![(8, 2)],
-        variants: vec![coupled_qk::DynamicsConfig::Standard.into()],
-        d_models: vec![8],
-        lrs: vec![1e-3],
-        n_heads: 1,
-        n_layers: 1,
-        mlp: false,
-        batch_size: 8,
         train_examples: 4,
         test_examples: 4,
         steps: 1,
-        eval_every: 1,
-        seeds: vec![0],
+        ..small_sweep()
     };
     let dir = std::env::temp_dir().join(format!("coupled-qk-sweep-bad-{}", std::process::id()));
     let device = Default::default();

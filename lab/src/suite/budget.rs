@@ -99,6 +99,22 @@ impl Budget {
         config
     }
 
+    /// Trains (or reads back) `cells` under `suite` on this budget's backend and devices.
+    ///
+    /// # Errors
+    /// When the backend cannot run (no such device, or not compiled in).
+    pub fn train(
+        &self,
+        suite: &Suite,
+        cells: Vec<(&TokenizedCorpus, String, TrainConfig)>,
+    ) -> Result<SuiteOutcome, String> {
+        crate::backend::dispatch_devices(
+            self.backend,
+            usize::from(self.devices),
+            Cells { suite, cells },
+        )
+    }
+
     /// Loads a corpus (`--corpus` syntax of the data pipeline) with this budget's tokenizer.
     pub fn load(
         &self,
