@@ -149,6 +149,7 @@ fn a_tiny_run_learns_and_writes_every_output() {
     assert_eq!(run.train.max_steps, 60);
     assert_eq!(run.corpus.name, "test-english");
     assert_eq!(run.corpus.tokenizer, "bytes");
+    assert_eq!(run.backend.as_deref(), Some("autodiff<flex>"));
 
     let csv = std::fs::read_to_string(dir.join("metrics.csv")).unwrap();
     assert_eq!(csv.lines().next(), Some(HEADER));

@@ -196,6 +196,7 @@ fn a_sweep_resumes_and_refuses_a_different_one() {
         .execute::<Autodiff<Flex>>(&dir, std::slice::from_ref(&device))
         .unwrap();
     assert_eq!(first.runs.len(), 2);
+    assert_eq!(first.runs[0].backend.as_deref(), Some("autodiff<flex>"));
     // Drop one run, as an interrupted sweep would have: the rerun does only that one.
     let mut partial = first.clone();
     let kept = partial.runs.remove(1);

@@ -232,6 +232,10 @@ pub struct RunConfig {
     /// Settings changed on resume, in order (see [`OPTIMISER_FIELDS`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub changes: Vec<RecordedChange>,
+    /// The backend of the latest start or resume, as Burn names it (e.g. `autodiff<flex>`); a
+    /// run may resume on another backend.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<String>,
 }
 
 /// A setting changed when a run was resumed, as `config.json` records it.
@@ -282,6 +286,7 @@ impl RunConfig {
                 valid_hash: ids_hash(&corpus.valid.ids),
             },
             changes: Vec::new(),
+            backend: None,
         }
     }
 
@@ -319,13 +324,17 @@ impl std::fmt::Display for FieldChange {
 }
 
 /// The fields whose values differ between two `config.json` texts, leaving out
-/// [`BOOKKEEPING_FIELDS`] and the record of earlier changes.
+/// [`BOOKKEEPING_FIELDS`], the record of earlier changes and the backend.
 ///
 /// Both sides are compared as parsed JSON, so numbers compare by the text they were written as.
 pub fn differing_fields(old: &serde_json::Value, new: &serde_json::Value) -> Vec<FieldChange> {
     let mut out = Vec::new();
     diff("", Some(old), Some(new), &mut out);
-    out.retain(|c| !BOOKKEEPING_FIELDS.contains(&c.field.as_str()) && c.field != "changes");
+    out.retain(|c| {
+        !BOOKKEEPING_FIELDS.contains(&c.field.as_str())
+            && c.field != "changes"
+            && c.field != "backend"
+    });
     out
 }
 

@@ -197,6 +197,7 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
             .stop_at
             .map_or(config.max_steps, |s| s.min(config.max_steps));
         let mut run_config = RunConfig::new(config, corpus);
+        run_config.backend = Some(B::name(device));
         let lock_path = out_dir.join(LOCK_FILE);
         let had_lock_file = lock_path.exists();
         std::fs::create_dir_all(out_dir).map_err(|e| TrainError::io("create", out_dir, e))?;

@@ -48,6 +48,9 @@ pub struct RunKey {
 pub struct RunResult {
     pub key: RunKey,
     pub outcome: TrainOutcome,
+    /// The backend it trained on, as Burn names it (e.g. `autodiff<flex>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<String>,
 }
 
 /// The sweep and every finished run: the content of `results.json`.
@@ -230,6 +233,7 @@ impl Sweep {
             results.runs.push(RunResult {
                 key: (*key).clone(),
                 outcome,
+                backend: Some(B::name(&devices[0])),
             });
             save(&path, &results)?;
         }
