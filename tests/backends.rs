@@ -16,7 +16,7 @@ use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
 use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Bool, Distribution, Int, Tensor, TensorData};
-use common::{max_abs_diff, values};
+use common::{materialised, max_abs_diff, values};
 use coupled_qk::model::{BlockAttention, GptCache, GptConfig, Preset, masked_cross_entropy};
 use coupled_qk::{
     AttentionInput, AttentionVariant, CoupledQkAttentionConfig, DifferentialAttentionConfig,
@@ -53,7 +53,9 @@ fn variants() -> Vec<AttentionVariant> {
     .into_iter()
     .map(AttentionVariant::Coupled)
     .collect();
-    variants.push(AttentionVariant::Differential);
+    variants.push(AttentionVariant::differential());
+    variants.push(AttentionVariant::Differential(DynamicsConfig::euler(1)));
+    variants.push(AttentionVariant::Differential(DynamicsConfig::affine(1)));
     variants
 }
 
@@ -75,44 +77,38 @@ fn reference_layer(
                 .with_rotary(rotary)
                 .with_causal(causal)
                 .init::<Ref>(&device);
-            // The affine coupling starts as the identity: give its nets output layers.
-            if let QkDynamics::Affine(affine) = &mut layer.dynamics {
-                for l in &mut affine.layers {
-                    for net in [
-                        &mut l.key_scale,
-                        &mut l.key_shift,
-                        &mut l.query_scale,
-                        &mut l.query_shift,
-                    ] {
-                        let dist = Distribution::Uniform(-0.3, 0.3);
-                        net.w2 = Param::from_tensor(Tensor::random(net.w2.dims(), dist, &device));
-                        net.b2 = Param::from_tensor(Tensor::random(net.b2.dims(), dist, &device));
-                    }
-                }
-            }
+            give_affine_nets_outputs(&mut layer.dynamics, &device);
             materialised(BlockAttention::Coupled(layer))
         }
-        AttentionVariant::Differential => materialised(BlockAttention::Differential(
-            DifferentialAttentionConfig::new(D_MODEL, 1)
+        AttentionVariant::Differential(dynamics) => {
+            let mut layer = DifferentialAttentionConfig::new(D_MODEL, 1)
+                .with_dynamics(dynamics.clone())
+                .with_dt(StepSizeConfig::new().with_init(0.5))
                 .with_rotary(rotary)
                 .with_causal(causal)
-                .init::<Ref>(&device),
-        )),
+                .init::<Ref>(&device);
+            give_affine_nets_outputs(&mut layer.dynamics, &device);
+            materialised(BlockAttention::Differential(layer))
+        }
     }
 }
 
-/// `module` with every parameter initialised. Burn initialises parameters lazily, and a clone
-/// of an uninitialised parameter draws its own values: the reference is cloned, so its values
-/// must exist first.
-fn materialised<B: Backend, M: Module<B>>(module: M) -> M {
-    struct Touch;
-    impl<B: Backend> ModuleVisitor<B> for Touch {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-            let _ = param.val();
+/// The affine coupling starts as the identity: give its nets output layers.
+fn give_affine_nets_outputs<B: Backend>(dynamics: &mut QkDynamics<B>, device: &B::Device) {
+    if let QkDynamics::Affine(affine) = dynamics {
+        for l in &mut affine.layers {
+            for net in [
+                &mut l.key_scale,
+                &mut l.key_shift,
+                &mut l.query_scale,
+                &mut l.query_shift,
+            ] {
+                let dist = Distribution::Uniform(-0.3, 0.3);
+                net.w2 = Param::from_tensor(Tensor::random(net.w2.dims(), dist, device));
+                net.b2 = Param::from_tensor(Tensor::random(net.b2.dims(), dist, device));
+            }
         }
     }
-    module.visit(&mut Touch);
-    module
 }
 
 /// The same architecture initialised (randomly) on another backend.
@@ -130,8 +126,9 @@ fn empty_layer<B: Backend>(
                 .with_causal(causal)
                 .init(device),
         ),
-        AttentionVariant::Differential => BlockAttention::Differential(
+        AttentionVariant::Differential(dynamics) => BlockAttention::Differential(
             DifferentialAttentionConfig::new(D_MODEL, 1)
+                .with_dynamics(dynamics.clone())
                 .with_rotary(rotary)
                 .with_causal(causal)
                 .init(device),
@@ -273,11 +270,7 @@ fn check_forward<B: Backend>(device: &B::Device) {
     ];
     for (v, variant) in variants().iter().enumerate() {
         for (r, rotary) in rotaries.iter().enumerate() {
-            let no_dynamics = matches!(
-                variant,
-                AttentionVariant::Differential
-                    | AttentionVariant::Coupled(DynamicsConfig::Standard)
-            );
+            let no_dynamics = variant.dynamics() == &DynamicsConfig::Standard;
             if r == 1 && no_dynamics {
                 continue; // the rotary position matters only with dynamics
             }

@@ -10,7 +10,7 @@ use burn::tensor::{Bool, Distribution, Tensor, TensorData};
 use common::max_abs_diff;
 use coupled_qk::{
     AttentionInput, CoupledQkAttentionConfig, DifferentialAttention, DifferentialAttentionConfig,
-    DynamicsConfig, RotaryConfig,
+    DynamicsConfig, Identity, KvCache, QkDynamics, RotaryConfig, RotaryPosition, StepSizeConfig,
 };
 
 type B = Flex;
@@ -78,6 +78,39 @@ impl Weights {
     }
 }
 
+/// One forward-Euler step `q ← q + dt·k`, `k ← k + dt·f(q)` (both from the old state) of every
+/// query/key map, with `f(q) = silu(q·W₁ + b₁)·W₂ + b₂` of the weights in `common::net`'s order.
+struct EulerStep<'a> {
+    dt: f64,
+    net: &'a [f64],
+    hidden: usize,
+}
+
+impl EulerStep<'_> {
+    fn apply(&self, q: &mut [f64], k: &mut [f64], d_map: usize) {
+        let h = self.hidden;
+        let (w1, rest) = self.net.split_at(d_map * h);
+        let (b1, rest) = rest.split_at(h);
+        let (w2, b2) = rest.split_at(h * d_map);
+        for (q, k) in q.chunks_mut(d_map).zip(k.chunks_mut(d_map)) {
+            let hidden: Vec<f64> = (0..h)
+                .map(|j| {
+                    let z = b1[j] + (0..d_map).map(|i| q[i] * w1[i * h + j]).sum::<f64>();
+                    z / (1.0 + (-z).exp())
+                })
+                .collect();
+            let f: Vec<f64> = (0..d_map)
+                .map(|i| b2[i] + (0..h).map(|j| hidden[j] * w2[j * d_map + i]).sum::<f64>())
+                .collect();
+            for i in 0..d_map {
+                let (q0, k0) = (q[i], k[i]);
+                q[i] = q0 + self.dt * k0;
+                k[i] = k0 + self.dt * f[i];
+            }
+        }
+    }
+}
+
 /// The layer's equations in plain f64, with loops: `x` is `[seq, d]` row-major.
 fn reference(
     x: &[f64],
@@ -85,6 +118,18 @@ fn reference(
     [seq, d, heads]: [usize; 3],
     lambda_init: f64,
     causal: bool,
+) -> Vec<f64> {
+    reference_with(x, w, [seq, d, heads], lambda_init, causal, None)
+}
+
+/// [`reference`] with an Euler step of every query/key map before scoring.
+fn reference_with(
+    x: &[f64],
+    w: &Weights,
+    [seq, d, heads]: [usize; 3],
+    lambda_init: f64,
+    causal: bool,
+    dynamics: Option<&EulerStep>,
 ) -> Vec<f64> {
     let d_map = d / (2 * heads);
     let linear = |x: &[f64], w: &[f64], b: &[f64]| -> Vec<f64> {
@@ -96,11 +141,15 @@ fn reference(
         }
         y
     };
-    let (q, k, v) = (
+    let (mut q, mut k, v) = (
         linear(x, &w.w[0], &w.b[0]),
         linear(x, &w.w[1], &w.b[1]),
         linear(x, &w.w[2], &w.b[2]),
     );
+    if let Some(step) = dynamics {
+        // Channels are [2·heads maps × d_map] per token: every d_map-chunk is one map.
+        step.apply(&mut q, &mut k, d_map);
+    }
     let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
     let lambda =
         dot(&w.lambda[0], &w.lambda[1]).exp() - dot(&w.lambda[2], &w.lambda[3]).exp() + lambda_init;
@@ -165,6 +214,115 @@ fn matches_the_equations_on_a_hand_built_layer() {
             err < 1e-5,
             "heads {heads}: max |Δ| = {err}\n{got:?}\n{expected:?}"
         );
+    }
+}
+
+#[test]
+fn euler_coupling_on_differential_attention_matches_the_equations() {
+    let (seq, d, heads, hidden, dt) = (4, 8, 2, 3, 0.4);
+    let config = DifferentialAttentionConfig::new(d, heads)
+        .with_layer_index(2)
+        .with_causal(true)
+        .with_dynamics(DynamicsConfig::euler(1))
+        .with_coupling_hidden(Some(hidden))
+        .with_dt(StepSizeConfig::new().with_init(dt));
+    let d_map = config.d_map();
+    let weights = Weights::fixed(d, d_map);
+    let net_weights = fixed(common::net_size(d_map, hidden), 60.0, 0.7);
+    let mut layer = weights.load(config.init::<B>(&Default::default()));
+    let QkDynamics::Coupled(dynamics) = &mut layer.dynamics else {
+        panic!("euler1 builds coupled dynamics")
+    };
+    // In f64, like the rest of the hand-built layer.
+    dynamics.coupling = common::net(d_map, hidden, &net_weights, &Default::default());
+    dynamics.step_size.dt = Param::from_tensor(tensor(&[dt], [1]));
+    let x = fixed(seq * d, 70.0, 1.0);
+    let got = values(layer.forward(tensor(&x, [1, seq, d])));
+    let step = EulerStep {
+        dt,
+        net: &net_weights,
+        hidden,
+    };
+    let expected = reference_with(
+        &x,
+        &weights,
+        [seq, d, heads],
+        config.lambda_init(),
+        true,
+        Some(&step),
+    );
+    let err = max_abs_diff(&got, &expected);
+    assert!(err < 1e-5, "max |Δ| = {err}");
+    // The step matters: plain differential attention is far from it.
+    let plain = reference(&x, &weights, [seq, d, heads], config.lambda_init(), true);
+    assert!(max_abs_diff(&got, &plain) > 1e-2);
+}
+
+#[test]
+fn coupling_with_zero_dt_or_zero_affine_nets_is_plain_differential_attention_exactly() {
+    use burn::tensor::Distribution;
+    use burn::tensor::backend::Backend;
+    let device = Default::default();
+    for dynamics in [
+        DynamicsConfig::euler(1),
+        DynamicsConfig::leapfrog(2),
+        DynamicsConfig::affine(2),
+    ] {
+        B::seed(&device, 9);
+        let composed = common::materialised(
+            DifferentialAttentionConfig::new(8, 1)
+                .with_causal(true)
+                .with_rotary(Some(RotaryConfig::new(16)))
+                .with_dynamics(dynamics.clone())
+                .with_dt(StepSizeConfig::new().with_init(0.0))
+                .init::<B>(&device),
+        );
+        let plain = DifferentialAttention {
+            dynamics: QkDynamics::Standard(Identity),
+            ..composed.clone()
+        };
+        let x = Tensor::<B, 3>::random([2, 5, 8], Distribution::Normal(0.0, 1.0), &device);
+        composed
+            .forward(x.clone())
+            .into_data()
+            .assert_eq(&plain.forward(x).into_data(), true);
+        assert!(
+            composed.extra_num_params() > plain.extra_num_params(),
+            "{dynamics}"
+        );
+    }
+}
+
+#[test]
+fn composed_layers_decode_through_the_cache_as_the_full_pass() {
+    use burn::tensor::Distribution;
+    use burn::tensor::backend::Backend;
+    let device = Default::default();
+    for dynamics in [DynamicsConfig::euler(2), DynamicsConfig::affine(1)] {
+        for position in [
+            RotaryPosition::BeforeDynamics,
+            RotaryPosition::AfterDynamics,
+        ] {
+            B::seed(&device, 4);
+            let layer = DifferentialAttentionConfig::new(8, 2)
+                .with_causal(true)
+                .with_dynamics(dynamics.clone())
+                .with_dt(StepSizeConfig::new().with_init(0.3))
+                .with_rotary(Some(RotaryConfig::new(16).with_position(position)))
+                .init::<B>(&device);
+            let x = Tensor::<B, 3>::random([2, 6, 8], Distribution::Normal(0.0, 1.0), &device);
+            let full = values(layer.forward(x.clone()));
+            let mut cache = KvCache::new();
+            let parts: Vec<_> = [(0, 1), (1, 3), (4, 2)]
+                .into_iter()
+                .map(|(start, len)| {
+                    layer.forward_cache(x.clone().narrow(1, start, len), &mut cache)
+                })
+                .collect();
+            let cached = values(Tensor::cat(parts, 1));
+            let err = max_abs_diff(&full, &cached);
+            assert!(err < 1e-5, "{dynamics}, {position:?}: max |Δ| = {err}");
+        }
     }
 }
 

@@ -131,7 +131,7 @@ fn a_too_long_sequence_names_the_context() {
 // Differential attention in the GPT.
 
 fn diff(config: GptConfig) -> GptConfig {
-    config.with_attention(AttentionVariant::Differential)
+    config.with_attention(AttentionVariant::differential())
 }
 
 #[test]
@@ -140,7 +140,11 @@ fn a_differential_gpt_runs_with_even_and_odd_head_counts() {
     // Tiny preset: 4 heads → 2 differential heads with maps of d_head = 32.
     let tiny = diff(GptConfig::preset(Preset::Tiny, 64));
     assert_eq!(tiny.differential_heads(), 2);
-    assert_eq!(tiny.differential_attention(0).d_map(), 32);
+    assert_eq!(
+        tiny.differential_attention(&DynamicsConfig::Standard, 0)
+            .d_map(),
+        32
+    );
     let model = tiny.init::<B>(&device);
     assert!(
         model
@@ -155,7 +159,11 @@ fn a_differential_gpt_runs_with_even_and_odd_head_counts() {
     // 3 heads of 8 (odd): 3 differential heads with maps of 4, rotary over them.
     let odd = diff(GptConfig::new(32, 24, 3, 3, 12).with_positions(Positions::Rotary));
     assert_eq!(odd.differential_heads(), 3);
-    assert_eq!(odd.differential_attention(0).d_map(), 4);
+    assert_eq!(
+        odd.differential_attention(&DynamicsConfig::Standard, 0)
+            .d_map(),
+        4
+    );
     let model = odd.init::<B>(&device);
     assert_eq!(
         model.forward(tokens(&[1, 5, 9, 3, 7, 2, 8, 4], 1)).dims(),
@@ -173,7 +181,8 @@ fn a_differential_gpt_runs_with_even_and_odd_head_counts() {
     assert_eq!(
         (
             m60.differential_heads(),
-            m60.differential_attention(0).d_map()
+            m60.differential_attention(&DynamicsConfig::Standard, 0)
+                .d_map()
         ),
         (9, 32)
     );
@@ -235,7 +244,12 @@ fn the_attention_variant_is_one_field_that_round_trips_through_json() {
 #[test]
 fn each_variant_builds_its_layer() {
     let device = Default::default();
-    for (name, differential) in [("standard", false), ("leapfrog2", false), ("diff", true)] {
+    for (name, differential) in [
+        ("standard", false),
+        ("leapfrog2", false),
+        ("diff", true),
+        ("diff+euler1", true),
+    ] {
         let model = GptConfig::new(32, 16, 1, 2, 8)
             .with_attention(name.parse().unwrap())
             .init::<B>(&device);
@@ -255,6 +269,8 @@ fn cached_decoding_gives_the_full_forward_logits_for_every_variant() {
         "leapfrog1",
         "affine1",
         "diff",
+        "diff+euler2",
+        "diff+affine1",
     ] {
         for positions in [Positions::Learned, Positions::Rotary] {
             let model = GptConfig::new(32, 16, 2, 2, 12)

@@ -1,4 +1,5 @@
-//! The paper's structural ablation: standard, MLP-only, Euler, Leapfrog and differential attention,
+//! The paper's structural ablation: standard, MLP-only, Euler, Leapfrog, the affine coupling and
+//! differential attention (plain and composed with Euler or affine coupling),
 //! integrator steps 1/3/5/7, over seeds; mean ± std of validation loss, perplexity and bits per
 //! byte beside the paper's 60M WikiText-103 column.
 //!
@@ -30,11 +31,12 @@ struct Args {
     /// A local WikiText folder (wiki.{train,valid}.raw) instead of the Hub.
     #[arg(long)]
     data_dir: Option<PathBuf>,
-    /// Variants: standard, mlp-only, euler, leapfrog, diff (euler3 etc. name a step count).
+    /// Variants: standard, mlp-only, euler, leapfrog, affine, diff, and diff+ any of the others
+    /// (differential attention with those dynamics); euler3 etc. name a step count.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "standard,mlp-only,euler,leapfrog,affine,diff"
+        default_value = "standard,mlp-only,euler,leapfrog,affine,diff,diff+euler,diff+affine"
     )]
     variants: Vec<String>,
     /// Integrator steps of euler and leapfrog, each a variant of its own.

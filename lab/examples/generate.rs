@@ -1,19 +1,22 @@
-//! Generates text with a trained model: loads a run folder (its `config.json`, its tokenizer and
-//! its newest checkpoint), continues `--prompt`, prints the text as it is generated, and reports
-//! tokens per second with the cache and, for comparison, without it.
+//! Generates text with a trained model: a run folder (its `config.json`, its tokenizer and its
+//! newest checkpoint) or a GPT-2 checkpoint (a folder, or a Hub model id). Continues `--prompt`,
+//! prints the text as it is generated, and reports tokens per second with the cache and, for
+//! comparison, without it. `--export FILE` also writes the model's weights as safetensors.
 //!
 //! ```sh
 //! cargo run --release --example wikitext_60m -- --preset tiny --tokenizer bytes \
 //!     --corpus ../shared/data/tinyshakespeare/input.txt --max-steps 300 --out runs/tiny-shakespeare
 //! cargo run --release --example generate -- --run runs/tiny-shakespeare --prompt "ROMEO:"
+//! cargo run --release --example generate -- --gpt2 openai-community/gpt2 --prompt "The"
 //! ```
 
 use burn::backend::Flex;
 use burn::tensor::{Int, Tensor, TensorData};
 use clap::Parser;
 use coupled_qk::model::{Gpt, SamplerConfig};
-use coupled_qk_lab::data::TokenizerKind;
+use coupled_qk_lab::data::{Hub, TokenizerKind};
 use coupled_qk_lab::lm::load_trained;
+use coupled_qk_lab::pretrained::Gpt2Checkpoint;
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -21,9 +24,20 @@ use std::time::Instant;
 #[derive(Parser, Debug)]
 #[command(about = "Generate text with a model trained by this harness")]
 struct Args {
-    /// A run folder written by wikitext_60m (or a suite cell).
+    /// A run folder written by wikitext_60m, retrofit or a suite.
+    #[arg(long, required_unless_present = "gpt2", conflicts_with = "gpt2")]
+    run: Option<PathBuf>,
+    /// A GPT-2 checkpoint instead: a folder with model.safetensors and config.json, or a Hub
+    /// model id (e.g. openai-community/gpt2).
     #[arg(long)]
-    run: PathBuf,
+    gpt2: Option<String>,
+    /// The tokenizer of a --gpt2 checkpoint: gpt2 or bytes.
+    #[arg(long, default_value = "gpt2")]
+    tokenizer: TokenizerKind,
+    /// Also write the model's weights to this file as safetensors (the crate's names; load with
+    /// `Gpt::load_safetensors`).
+    #[arg(long)]
+    export: Option<PathBuf>,
     /// The text to continue.
     #[arg(long, default_value = "\n")]
     prompt: String,
@@ -56,15 +70,49 @@ fn main() {
 
 fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let device = Default::default();
-    let (model, config, step) = load_trained::<Flex>(&args.run, &device)?;
-    let tokenizer = config.corpus.tokenizer.parse::<TokenizerKind>()?.build();
+    let (model, tokenizer) = match (&args.run, &args.gpt2) {
+        (Some(run), _) => {
+            let (model, config, step) = load_trained::<Flex>(run, &device)?;
+            eprintln!(
+                "{} attention, step {step} of {}",
+                config.train.model.attention, config.train.max_steps,
+            );
+            (model, config.corpus.tokenizer.parse::<TokenizerKind>()?)
+        }
+        (None, Some(from)) => {
+            let hub = Hub {
+                progress: true,
+                ..Hub::default()
+            };
+            let checkpoint = Gpt2Checkpoint::locate(from, &hub)?;
+            let model = checkpoint
+                .config
+                .init::<Flex>(&device)
+                .load_gpt2_safetensors(&checkpoint.weights)?;
+            eprintln!("GPT-2 from {}", checkpoint.weights.display());
+            (model, args.tokenizer)
+        }
+        (None, None) => unreachable!("clap requires --run or --gpt2"),
+    };
+    let tokenizer = tokenizer.build();
+    if tokenizer.vocab_size() > model.tokens.weight.dims()[0] {
+        return Err(format!(
+            "the {} tokenizer has {} ids but the model only {}: pass --tokenizer bytes or gpt2 to match",
+            tokenizer.id(),
+            tokenizer.vocab_size(),
+            model.tokens.weight.dims()[0]
+        )
+        .into());
+    }
     eprintln!(
-        "{} attention, {} parameters, step {step} of {} ({} tokenizer)",
-        config.train.model.attention,
+        "{} parameters, {} tokenizer",
         burn::module::Module::num_params(&model),
-        config.train.max_steps,
         tokenizer.id()
     );
+    if let Some(path) = &args.export {
+        model.save_safetensors(path)?;
+        eprintln!("wrote {}", path.display());
+    }
     let prompt = tokenizer.encode(&args.prompt);
     let sampler = SamplerConfig::new()
         .with_max_new_tokens(args.max_new_tokens)

@@ -28,7 +28,7 @@ struct Args {
     /// Output folder.
     #[arg(long, default_value = "runs/mqar")]
     out: PathBuf,
-    /// Variants, comma-separated: standard, mlp-only, euler, leapfrog, diff.
+    /// Variants, comma-separated: standard, mlp-only, euler, leapfrog, affine, diff, diff+euler, ….
     #[arg(long, value_delimiter = ',')]
     variants: Option<Vec<AttentionVariant>>,
     /// Integrator steps of the coupled variants.

@@ -62,7 +62,7 @@ struct Args {
     /// Only these configurations (tiny, torch-small, torch-medium, layer-60m, 60m).
     #[arg(long, value_delimiter = ',')]
     only: Option<Vec<String>>,
-    /// Only these variants (standard, euler1, euler3, leapfrog1, mlp-only, affine1, diff, burn-mha);
+    /// Only these variants (standard, euler1, euler3, leapfrog1, mlp-only, affine1, diff, diff+euler1, burn-mha);
     /// standard is always run: the ratios are to it.
     #[arg(long, value_delimiter = ',')]
     variants: Option<Vec<String>>,
@@ -146,6 +146,7 @@ fn contenders(args: &Args) -> Vec<(String, Contender)> {
         "mlp-only",
         "affine1",
         "diff",
+        "diff+euler1",
     ];
     let mut all: Vec<(String, Contender)> = crate_variants
         .iter()
@@ -240,7 +241,7 @@ fn layer_step<'a, B: AutodiffBackend>(
             };
             Some(train_layer(layer, forward, rows, seq, devices))
         }
-        Contender::Crate(AttentionVariant::Differential) => None,
+        Contender::Crate(AttentionVariant::Differential(_)) => None,
     }
 }
 

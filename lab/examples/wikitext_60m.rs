@@ -28,7 +28,8 @@ use std::path::PathBuf;
 #[command(about = "Train a GPT with coupled QK attention on WikiText-103 (or another corpus)")]
 struct Args {
     /// Attention variant: standard, mlp-only, euler, leapfrog, affine or diff (differential
-    /// attention); `euler3` names a step count, `affine2` a layer count.
+    /// attention), and diff+ any of the others (`diff+euler`); `euler3` names a step count,
+    /// `affine2` a layer count.
     #[arg(long, default_value = "euler")]
     attention: AttentionVariant,
     /// Integrator steps of euler/leapfrog (the paper finds one enough); the same as a step count

@@ -12,6 +12,7 @@
 //!   compute-matched), their statistics and reports.
 //! - [`mqar`]: multi-query associative recall (Zoology's synthetic benchmark).
 //! - [`backend`]: the backend a program runs on (`--backend flex|ndarray|wgpu|cuda`).
+//! - [`pretrained`]: GPT-2 checkpoints from a folder or the Hub, and the config they fit.
 //! - [`plot`], [`schedule`], [`atomic`], [`alloc`]: line charts as SVG, the learning-rate
 //!   schedule, atomic file writes and the programs' allocator.
 
@@ -22,5 +23,6 @@ pub mod data;
 pub mod lm;
 pub mod mqar;
 pub mod plot;
+pub mod pretrained;
 pub mod schedule;
 pub mod suite;

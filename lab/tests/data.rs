@@ -758,4 +758,63 @@ fn real_corpora_read_and_tokenise() {
         total,
         text_bytes + DOCUMENT_SEPARATOR.len() * (brown.len() - 2)
     );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The GPT-2 fixture of the layer crate's tests (tests/reference/gpt2_tiny.py).
+fn gpt2_fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/gpt2-tiny")
+}
+
+#[test]
+fn a_gpt2_checkpoint_is_found_in_a_folder_beside_a_file_or_on_the_hub() {
+    use coupled_qk_lab::pretrained::Gpt2Checkpoint;
+    let local = Gpt2Checkpoint::locate(gpt2_fixture().to_str().unwrap(), &Hub::default()).unwrap();
+    let c = &local.config;
+    assert_eq!(
+        (c.vocab_size, c.context, c.d_model, c.n_layers, c.n_heads),
+        (256, 32, 64, 2, 2)
+    );
+    let file = gpt2_fixture().join("model.safetensors");
+    let beside = Gpt2Checkpoint::locate(file.to_str().unwrap(), &Hub::default()).unwrap();
+    assert_eq!(beside.weights, file);
+
+    // From the (loopback) Hub: both files downloaded into the cache, the same model.
+    let dir = temp_dir("gpt2-hub");
+    let server = HubServer::start(Mode::Serve);
+    for name in ["config.json", "model.safetensors"] {
+        server.add_model_file(
+            "tiny/gpt2",
+            name,
+            std::fs::read(gpt2_fixture().join(name)).unwrap(),
+        );
+    }
+    let hub = hub_for(&server, &dir);
+    let remote = Gpt2Checkpoint::locate("tiny/gpt2", &hub).unwrap();
+    assert!(
+        remote.weights.starts_with(&dir),
+        "{}",
+        remote.weights.display()
+    );
+    assert_eq!(
+        std::fs::read(&remote.weights).unwrap(),
+        std::fs::read(&file).unwrap()
+    );
+    assert_eq!(remote.config.d_model, 64);
+
+    // A truncated download is an error, never a checkpoint.
+    let truncating = HubServer::start(Mode::Truncate);
+    truncating.add_model_file(
+        "tiny/gpt2",
+        "model.safetensors",
+        std::fs::read(&file).unwrap(),
+    );
+    let cut = temp_dir("gpt2-cut");
+    let err = Gpt2Checkpoint::locate("tiny/gpt2", &hub_for(&truncating, &cut)).unwrap_err();
+    assert!(matches!(err, DataError::Download { .. }), "{err}");
+    std::fs::remove_dir_all(&cut).unwrap();
+
+    let err = Gpt2Checkpoint::locate("no-such-folder", &Hub::default()).unwrap_err();
+    assert!(err.to_string().contains("no-such-folder"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -875,3 +875,86 @@ fn a_run_folder_loads_for_inference_and_generates() {
     let err = load_trained::<Flex>(&dir.join("checkpoints"), &device).unwrap_err();
     assert!(err.to_string().contains("config.json"), "{err}");
 }
+
+#[test]
+fn a_gpt2_checkpoint_retrofitted_with_coupling_fine_tunes_end_to_end() {
+    use coupled_qk::model::AttentionVariant;
+    use coupled_qk::{DynamicsConfig, StepSizeConfig};
+    use coupled_qk_lab::lm::InitWeights;
+    use coupled_qk_lab::pretrained::Gpt2Checkpoint;
+    let _serial = serial();
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/gpt2-tiny");
+    let checkpoint =
+        Gpt2Checkpoint::locate(fixture.to_str().unwrap(), &Default::default()).unwrap();
+    let corpus = corpus();
+    let run = |attention: AttentionVariant, name: &str| {
+        let mut config = tiny(4);
+        config.model = checkpoint
+            .config
+            .clone()
+            .with_attention(attention)
+            .with_dt(StepSizeConfig::new().with_init(0.0));
+        config.seq_len = 32;
+        config.lr = 1e-3;
+        config.eval_every = 4;
+        config.init_weights = Some(InitWeights::Gpt2(checkpoint.weights.clone()));
+        let dir = out_dir(name);
+        let summary =
+            train_with::<B>(&config, &corpus, &dir, &quiet(), &Default::default()).unwrap();
+        let recorded: RunConfig =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap())
+                .unwrap();
+        assert_eq!(recorded.train.init_weights, config.init_weights);
+        (summary, read_metrics(&dir.join("metrics.csv")).unwrap())
+    };
+    let (standard, standard_rows) = run(
+        AttentionVariant::Coupled(DynamicsConfig::Standard),
+        "retrofit-standard",
+    );
+    let (euler, euler_rows) = run(
+        AttentionVariant::Coupled(DynamicsConfig::euler(1)),
+        "retrofit-euler",
+    );
+    assert!(standard.finished && euler.finished);
+    // dt = 0: the first step's loss is GPT-2's, whatever the variant.
+    assert_eq!(standard_rows[0].train_loss, euler_rows[0].train_loss);
+    // The random checkpoint is far from byte text: fine-tuning lowers the loss.
+    let first = euler_rows[0].train_loss;
+    let last = euler_rows.last().unwrap().train_loss;
+    assert!(last < first, "train loss {first} → {last}");
+    // And the coupling learned: dt moved from 0.
+    let dt = euler.dynamics.last().expect("dynamics row").dt_mean();
+    assert!(dt.is_some_and(|dt| dt != 0.0), "dt stayed at 0: {dt:?}");
+
+    // Weights that do not fit the model are refused before any step, naming the file.
+    let mut wrong = tiny(2);
+    wrong.init_weights = Some(InitWeights::Gpt2(checkpoint.weights.clone()));
+    let err = train_with::<B>(
+        &wrong,
+        &corpus,
+        &out_dir("retrofit-wrong"),
+        &quiet(),
+        &Default::default(),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("model.safetensors"), "{err}");
+}
+
+#[test]
+fn a_config_json_from_before_a_model_field_existed_still_matches() {
+    let config = tiny(10);
+    let new: serde_json::Value =
+        serde_json::from_str(&RunConfig::new(&config, &corpus()).to_json()).unwrap();
+    let mut old = new.clone();
+    let model = old["model"].as_object_mut().unwrap();
+    assert!(model.remove("gelu_tanh").is_some() && model.remove("norm_epsilon").is_some());
+    assert_eq!(differing_fields(&old, &new), vec![]);
+    // Where the new config differs from the default the old run had, it is a change.
+    let mut gelu = config.clone();
+    gelu.model = gelu.model.with_gelu_tanh(true);
+    let new: serde_json::Value =
+        serde_json::from_str(&RunConfig::new(&gelu, &corpus()).to_json()).unwrap();
+    let changes = differing_fields(&old, &new);
+    assert_eq!(changes.len(), 1, "{changes:?}");
+    assert_eq!(changes[0].field, "model.gelu_tanh");
+}

@@ -13,20 +13,35 @@ fn names(list: &[&str]) -> Vec<String> {
 #[test]
 fn variants_expand_integrator_steps_and_reject_nonsense() {
     let variants = parse_variants(
-        &names(&["standard", "euler", "leapfrog3", "diff", "euler"]),
+        &names(&[
+            "standard",
+            "euler",
+            "leapfrog3",
+            "diff",
+            "euler",
+            "diff+euler",
+        ]),
         &[1, 3],
     )
     .unwrap();
     let labels: Vec<String> = variants.iter().map(|v| v.to_string()).collect();
     assert_eq!(
         labels,
-        ["standard", "euler1", "euler3", "leapfrog3", "diff"]
+        [
+            "standard",
+            "euler1",
+            "euler3",
+            "leapfrog3",
+            "diff",
+            "diff+euler1",
+            "diff+euler3"
+        ]
     );
     assert_eq!(
         variants[2],
         AttentionVariant::Coupled(DynamicsConfig::euler(3))
     );
-    assert_eq!(variants[4], AttentionVariant::Differential);
+    assert_eq!(variants[4], AttentionVariant::differential());
     for bad in ["standard3", "euler0", "eulr"] {
         assert!(parse_variants(&names(&[bad]), &[1]).is_err(), "{bad}");
     }

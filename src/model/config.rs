@@ -108,6 +108,12 @@ pub struct GptConfig {
     /// Dropout on attention weights.
     #[config(default = 0.0)]
     pub dropout: f64,
+    /// The MLP's GELU as GPT-2's tanh approximation (`gelu_new`) instead of the exact erf form.
+    #[config(default = false)]
+    pub gelu_tanh: bool,
+    /// The epsilon of every LayerNorm or RmsNorm (GPT-2's 1e-5, Burn's default).
+    #[config(default = 1e-5)]
+    pub norm_epsilon: f64,
 }
 
 const NAME: &str = "GptConfig";
@@ -124,6 +130,22 @@ impl GptConfig {
             Preset::M350 => (1024, 24, 16, 1024),
         };
         Self::new(vocab_size, d_model, n_layers, n_heads, context)
+    }
+
+    /// The shape and choices of Hugging Face's GPT-2 (learned positions, LayerNorm ε 1e-5, the
+    /// tanh GELU, an MLP of 4×, a tied head) with standard attention: the model a GPT-2
+    /// checkpoint loads into (see `Gpt::load_gpt2_safetensors`, feature `safetensors`). Set
+    /// `attention` (and `dt`) afterwards to retrofit coupling; `dt = 0` keeps its outputs.
+    pub fn gpt2(
+        vocab_size: usize,
+        context: usize,
+        d_model: usize,
+        n_layers: usize,
+        n_heads: usize,
+    ) -> Self {
+        Self::new(vocab_size, d_model, n_layers, n_heads, context)
+            .with_attention(AttentionVariant::Coupled(DynamicsConfig::Standard))
+            .with_gelu_tanh(true)
     }
 
     /// The config of every block's coupled attention layer, with these dynamics.
@@ -151,10 +173,18 @@ impl GptConfig {
         }
     }
 
-    /// The config of block `layer_index`'s differential attention layer; see [`differential_heads`](Self::differential_heads).
-    pub fn differential_attention(&self, layer_index: usize) -> DifferentialAttentionConfig {
+    /// The config of block `layer_index`'s differential attention layer with these dynamics;
+    /// see [`differential_heads`](Self::differential_heads).
+    pub fn differential_attention(
+        &self,
+        dynamics: &DynamicsConfig,
+        layer_index: usize,
+    ) -> DifferentialAttentionConfig {
         DifferentialAttentionConfig::new(self.d_model, self.differential_heads())
             .with_layer_index(layer_index)
+            .with_dynamics(dynamics.clone())
+            .with_dt(self.dt.clone())
+            .with_coupling_hidden(self.coupling_hidden)
             .with_rotary(self.rotary())
             .with_causal(true)
             .with_dropout(self.dropout)
@@ -168,6 +198,14 @@ impl GptConfig {
 
     /// Checks every field, the attention layer's included.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        if !(self.norm_epsilon > 0.0 && self.norm_epsilon.is_finite()) {
+            return Err(ConfigError::new(
+                NAME,
+                "norm_epsilon",
+                self.norm_epsilon,
+                "must be positive and finite",
+            ));
+        }
         for (field, value) in [
             ("vocab_size", self.vocab_size),
             ("n_layers", self.n_layers),
@@ -179,7 +217,9 @@ impl GptConfig {
         }
         match &self.attention {
             AttentionVariant::Coupled(dynamics) => self.coupled_attention(dynamics).validate(),
-            AttentionVariant::Differential => self.differential_attention(0).validate(),
+            AttentionVariant::Differential(dynamics) => {
+                self.differential_attention(dynamics, 0).validate()
+            }
         }
     }
 
@@ -203,8 +243,10 @@ impl GptConfig {
                 attention.output = output();
                 BlockAttention::Coupled(attention)
             }
-            AttentionVariant::Differential => {
-                let mut attention = self.differential_attention(layer_index).try_init(device)?;
+            AttentionVariant::Differential(dynamics) => {
+                let mut attention = self
+                    .differential_attention(dynamics, layer_index)
+                    .try_init(device)?;
                 attention.output = output();
                 BlockAttention::Differential(attention)
             }
@@ -218,8 +260,16 @@ impl GptConfig {
         // GPT-2 scales the init of the projections into the residual stream by 1/√(2·layers).
         let residual = normal(INIT_STD / (2.0 * self.n_layers as f64).sqrt());
         let norm = || match self.norm {
-            NormKind::LayerNorm => Norm::Layer(LayerNormConfig::new(d).init(device)),
-            NormKind::RmsNorm => Norm::Rms(RmsNormConfig::new(d).init(device)),
+            NormKind::LayerNorm => Norm::Layer(
+                LayerNormConfig::new(d)
+                    .with_epsilon(self.norm_epsilon)
+                    .init(device),
+            ),
+            NormKind::RmsNorm => Norm::Rms(
+                RmsNormConfig::new(d)
+                    .with_epsilon(self.norm_epsilon)
+                    .init(device),
+            ),
         };
         let blocks = (0..self.n_layers)
             .map(|layer_index| {
@@ -231,7 +281,10 @@ impl GptConfig {
                     down: LinearConfig::new(self.mlp_ratio * d, d)
                         .with_initializer(residual.clone())
                         .init(device),
-                    gelu: burn::nn::Gelu::new(),
+                    gelu: match self.gelu_tanh {
+                        true => burn::nn::Gelu::new_approximate(),
+                        false => burn::nn::Gelu::new(),
+                    },
                 });
                 Ok(Block {
                     norm_attention: norm(),

@@ -10,22 +10,25 @@ use std::str::FromStr;
 /// and the name every program, report and run folder uses.
 ///
 /// Named (by [`Display`](fmt::Display) and [`FromStr`], and serialised as that name) by the
-/// [`DynamicsConfig`] of the coupled layer, `standard`, `mlp-only`, `euler1`, `leapfrog3`, …, or
-/// `diff` for differential attention. Parsing takes the aliases of [`DynamicsConfig`] (`euler`
-/// for one step, `hamiltonian`) and `differential`.
+/// [`DynamicsConfig`] of the coupled layer, `standard`, `mlp-only`, `euler1`, `leapfrog3`, …;
+/// `diff` for differential attention, and `diff+euler1`, `diff+affine1`, … for differential
+/// attention with those dynamics. Parsing takes the aliases of [`DynamicsConfig`] (`euler` for
+/// one step, `hamiltonian`) and `differential`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum AttentionVariant {
     /// [`CoupledQkAttention`](crate::CoupledQkAttention) with these dynamics (the standard and
     /// MLP-only baselines included).
     Coupled(DynamicsConfig),
-    /// [`DifferentialAttention`](crate::DifferentialAttention) (Ye et al. 2024, V1).
-    Differential,
+    /// [`DifferentialAttention`](crate::DifferentialAttention) (Ye et al. 2024, V1) with these
+    /// dynamics on each of its query/key map pairs; `Standard` is plain differential attention.
+    Differential(DynamicsConfig),
 }
 
 impl burn::config::Config for AttentionVariant {}
 
-/// The name of differential attention.
+/// The name of differential attention, and the separator of its dynamics (`diff+euler1`).
 const DIFFERENTIAL: &str = "diff";
+const WITH: char = '+';
 
 impl Default for AttentionVariant {
     /// One forward-Euler step, the paper's best 60M result.
@@ -37,22 +40,26 @@ impl Default for AttentionVariant {
 impl AttentionVariant {
     /// The names [`FromStr`] takes, as a user would write them (`euler` and `leapfrog` take a step
     /// count: `euler3`), in the order of the paper's table: [`DynamicsConfig::NAMES`], then
-    /// `diff`.
+    /// `diff`; any dynamics name after `diff+` gives differential attention with them.
     pub fn names() -> impl Iterator<Item = &'static str> {
         DynamicsConfig::NAMES.into_iter().chain([DIFFERENTIAL])
     }
 
-    /// The dynamics of the coupled layer; `None` for differential attention.
-    pub fn dynamics(&self) -> Option<&DynamicsConfig> {
+    /// Plain differential attention.
+    pub fn differential() -> Self {
+        Self::Differential(DynamicsConfig::Standard)
+    }
+
+    /// The query-key dynamics of the variant's layer.
+    pub fn dynamics(&self) -> &DynamicsConfig {
         match self {
-            Self::Coupled(dynamics) => Some(dynamics),
-            Self::Differential => None,
+            Self::Coupled(dynamics) | Self::Differential(dynamics) => dynamics,
         }
     }
 
     /// Whether the variant integrates coupled dynamics (and so takes a step count).
     pub fn is_integrated(&self) -> bool {
-        matches!(self, Self::Coupled(DynamicsConfig::Coupled { .. }))
+        matches!(self.dynamics(), DynamicsConfig::Coupled { .. })
     }
 
     /// The same variant with `steps` integrator steps (see [`DynamicsConfig::with_steps`]);
@@ -60,7 +67,7 @@ impl AttentionVariant {
     pub fn with_steps(self, steps: usize) -> Self {
         match self {
             Self::Coupled(dynamics) => Self::Coupled(dynamics.with_steps(steps)),
-            other => other,
+            Self::Differential(dynamics) => Self::Differential(dynamics.with_steps(steps)),
         }
     }
 }
@@ -75,7 +82,8 @@ impl fmt::Display for AttentionVariant {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Coupled(dynamics) => dynamics.fmt(f),
-            Self::Differential => f.write_str(DIFFERENTIAL),
+            Self::Differential(DynamicsConfig::Standard) => f.write_str(DIFFERENTIAL),
+            Self::Differential(dynamics) => write!(f, "{DIFFERENTIAL}{WITH}{dynamics}"),
         }
     }
 }
@@ -84,20 +92,36 @@ impl FromStr for AttentionVariant {
     type Err = String;
 
     fn from_str(name: &str) -> Result<Self, String> {
-        match name {
-            DIFFERENTIAL | "differential" => Ok(Self::Differential),
-            other => other.parse().map(Self::Coupled).map_err(|err: String| {
+        let (differential, dynamics) = match name.split_once(WITH) {
+            Some((DIFFERENTIAL | "differential", dynamics)) => (true, Some(dynamics)),
+            Some((other, _)) => {
+                return Err(format!(
+                    "unknown attention variant `{name}`: only differential attention takes \
+                     dynamics after `+` (`diff+euler1`), not `{other}`"
+                ));
+            }
+            None if matches!(name, DIFFERENTIAL | "differential") => (true, None),
+            None => (false, Some(name)),
+        };
+        let dynamics = match dynamics {
+            None => DynamicsConfig::Standard,
+            Some(other) => other.parse().map_err(|err: String| {
                 if err.starts_with("unknown") {
                     format!(
-                        "unknown attention variant `{other}`: expected one of {} (euler and \
-                         leapfrog with an optional step count, e.g. euler3)",
+                        "unknown attention variant `{name}`: expected one of {} (euler and \
+                         leapfrog with an optional step count, e.g. euler3; affine with a layer \
+                         count; diff+ any of these, e.g. diff+euler1)",
                         Self::names().collect::<Vec<_>>().join(", ")
                     )
                 } else {
                     err
                 }
-            }),
-        }
+            })?,
+        };
+        Ok(match differential {
+            true => Self::Differential(dynamics),
+            false => Self::Coupled(dynamics),
+        })
     }
 }
 
@@ -132,8 +156,30 @@ mod tests {
             "hamiltonian3".parse(),
             Ok(AttentionVariant::Coupled(DynamicsConfig::leapfrog(3)))
         );
-        assert_eq!("differential".parse(), Ok(AttentionVariant::Differential));
-        assert_eq!(AttentionVariant::Differential.to_string(), "diff");
+        assert_eq!("differential".parse(), Ok(AttentionVariant::differential()));
+        assert_eq!(AttentionVariant::differential().to_string(), "diff");
+        for (name, dynamics) in [
+            ("diff+euler", DynamicsConfig::euler(1)),
+            ("diff+leapfrog3", DynamicsConfig::leapfrog(3)),
+            ("diff+affine", DynamicsConfig::affine(1)),
+            ("differential+mlp-only", DynamicsConfig::MlpOnly),
+        ] {
+            let variant: AttentionVariant = name.parse().unwrap();
+            assert_eq!(variant, AttentionVariant::Differential(dynamics));
+            assert_eq!(variant.to_string().parse(), Ok(variant.clone()));
+            assert!(variant.to_string().starts_with("diff+"), "{variant}");
+        }
+        assert_eq!(
+            "diff+standard"
+                .parse::<AttentionVariant>()
+                .unwrap()
+                .to_string(),
+            "diff"
+        );
+        let err = "euler+diff".parse::<AttentionVariant>().unwrap_err();
+        assert!(err.contains("only differential attention"), "{err}");
+        let err = "diff+rk4".parse::<AttentionVariant>().unwrap_err();
+        assert!(err.contains("`diff+rk4`"), "{err}");
         let err = "rk4".parse::<AttentionVariant>().unwrap_err();
         assert!(err.contains("`rk4`") && err.contains("diff"), "{err}");
         let err = "euler0".parse::<AttentionVariant>().unwrap_err();
@@ -143,7 +189,8 @@ mod tests {
     #[test]
     fn serialises_as_its_name() {
         for variant in [
-            AttentionVariant::Differential,
+            AttentionVariant::differential(),
+            AttentionVariant::Differential(DynamicsConfig::affine(2)),
             AttentionVariant::Coupled(DynamicsConfig::Standard),
             AttentionVariant::Coupled(DynamicsConfig::leapfrog(3)),
         ] {
@@ -169,8 +216,14 @@ mod tests {
         assert!(!mlp.is_integrated());
         assert_eq!(mlp.clone().with_steps(5), mlp);
         assert_eq!(
-            AttentionVariant::Differential.with_steps(5),
-            AttentionVariant::Differential
+            AttentionVariant::differential().with_steps(5),
+            AttentionVariant::differential()
+        );
+        let diff_euler = AttentionVariant::Differential(DynamicsConfig::euler(1));
+        assert!(diff_euler.is_integrated());
+        assert_eq!(
+            diff_euler.with_steps(2),
+            AttentionVariant::Differential(DynamicsConfig::euler(2))
         );
     }
 }

@@ -3,9 +3,23 @@
 #![allow(dead_code)]
 
 use burn::backend::{Autodiff, Flex};
-use burn::module::Param;
+use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::{DType, Tensor, TensorData, backend::Backend};
 use coupled_qk::CouplingNet;
+
+/// `module` with every parameter initialised. Burn initialises parameters lazily, and a clone
+/// of an uninitialised parameter draws its own values: a module that is cloned to compare with
+/// must have its values first.
+pub fn materialised<B: Backend, M: Module<B>>(module: M) -> M {
+    struct Touch;
+    impl<B: Backend> ModuleVisitor<B> for Touch {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            let _ = param.val();
+        }
+    }
+    module.visit(&mut Touch);
+    module
+}
 
 /// The fast CPU backend, f32.
 pub type Cpu = Flex;

@@ -85,6 +85,39 @@ impl Hub {
     /// only when it is proven truncated (no parquet footer), so that a codec this build lacks or
     /// a passing I/O error never costs the user their download.
     pub fn dataset_file(&self, repo: &str, filename: &str) -> Result<PathBuf, DataError> {
+        let (url, path) = self.get(
+            Repo::new(repo.into(), RepoType::Dataset),
+            filename,
+            wikitext_hint,
+        )?;
+        if let Err(problem) = check_parquet(&path) {
+            return Err(unreadable(url, &path, &problem));
+        }
+        Ok(path)
+    }
+
+    /// The local path of `filename` in the model repository `repo` (e.g.
+    /// `openai-community/gpt2`, `model.safetensors`), downloading it if it is not cached. hf-hub
+    /// downloads to a temporary file and renames it when complete: an interrupted download is
+    /// never taken for the file.
+    pub fn model_file(&self, repo: &str, filename: &str) -> Result<PathBuf, DataError> {
+        let hint = || {
+            "download the model's config.json and model.safetensors into one folder and pass \
+             that folder, or run with network access to the Hugging Face Hub (HF_ENDPOINT \
+             selects a mirror)"
+                .to_string()
+        };
+        self.get(Repo::new(repo.into(), RepoType::Model), filename, hint)
+            .map(|(_, path)| path)
+    }
+
+    /// Downloads (or finds in the cache) one file of a repository: its URL and local path.
+    fn get(
+        &self,
+        repo: Repo,
+        filename: &str,
+        hint: fn() -> String,
+    ) -> Result<(String, PathBuf), DataError> {
         let mut builder = ApiBuilder::from_env().with_progress(self.progress);
         if let Some(endpoint) = &self.endpoint {
             builder = builder.with_endpoint(endpoint.clone());
@@ -93,11 +126,11 @@ impl Hub {
             builder = builder.with_cache_dir(dir.clone());
         }
         let api = builder.build().map_err(|e| DataError::Download {
-            url: repo.into(),
+            url: repo.url(),
             message: e.to_string(),
-            hint: wikitext_hint(),
+            hint: hint(),
         })?;
-        let repo = api.repo(Repo::new(repo.into(), RepoType::Dataset));
+        let repo = api.repo(repo);
         let url = repo.url(filename);
         // hf-hub gives up after 5 s when another process holds the file's download lock: wait
         // for that download instead (it leaves the file in the cache, which the retry finds).
@@ -117,15 +150,12 @@ impl Hub {
                     break other.map_err(|e| DataError::Download {
                         url: url.clone(),
                         message: e.to_string(),
-                        hint: wikitext_hint(),
+                        hint: hint(),
                     })?;
                 }
             }
         };
-        if let Err(problem) = check_parquet(&path) {
-            return Err(unreadable(url, &path, &problem));
-        }
-        Ok(path)
+        Ok((url, path))
     }
 
     /// The text of one WikiText split from the Hub, byte for byte `wiki.{split}.raw`: the rows

@@ -236,12 +236,14 @@ pub fn load_trained<B: burn::tensor::backend::Backend>(
     let config_path = out_dir.join("config.json");
     let text = std::fs::read_to_string(&config_path)
         .map_err(|e| TrainError::io("read", &config_path, e))?;
-    let config: super::RunConfig =
-        serde_json::from_str(&text).map_err(|e| TrainError::Corrupt {
-            path: config_path.clone(),
-            message: e.to_string(),
-            hint: "not the config.json of a run of this harness",
-        })?;
+    let corrupt = |e: serde_json::Error| TrainError::Corrupt {
+        path: config_path.clone(),
+        message: e.to_string(),
+        hint: "not the config.json of a run of this harness",
+    };
+    let mut json: serde_json::Value = serde_json::from_str(&text).map_err(corrupt)?;
+    super::config::fill_model_defaults(&mut json);
+    let config: super::RunConfig = serde_json::from_value(json).map_err(corrupt)?;
     let Some((step, dir)) = list_checkpoints(out_dir)?.pop() else {
         return Err(TrainError::Corrupt {
             path: checkpoints_dir(out_dir),

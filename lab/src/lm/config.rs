@@ -50,6 +50,21 @@ pub struct TrainConfig {
     /// Seeds the model's initialisation, the order of the training windows and each step's
     /// randomness (dropout).
     pub seed: u64,
+    /// Weights a fresh run starts from instead of the random initialisation (fine-tuning,
+    /// retrofitting coupling into a pretrained model); a resume takes its checkpoint's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init_weights: Option<InitWeights>,
+}
+
+/// A safetensors file a run starts from.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "format", content = "path", rename_all = "kebab-case")]
+pub enum InitWeights {
+    /// The crate's own names ([`Gpt::save_safetensors`](coupled_qk::model::Gpt::save_safetensors)).
+    Safetensors(std::path::PathBuf),
+    /// A Hugging Face GPT-2 checkpoint
+    /// ([`Gpt::load_gpt2_safetensors`](coupled_qk::model::Gpt::load_gpt2_safetensors)).
+    Gpt2(std::path::PathBuf),
 }
 
 /// Fields that only decide what is written, never the trajectory: a resume may change them.
@@ -96,6 +111,7 @@ impl TrainConfig {
             checkpoint_every: 500,
             keep_checkpoints: 3,
             seed: 0,
+            init_weights: None,
         }
     }
 
@@ -306,6 +322,30 @@ pub fn ids_hash(ids: &crate::data::TokenIds) -> String {
     format!("{:016x}", hasher.finish())
 }
 
+/// Fills in the model fields that a `config.json` written before they existed lacks, with their
+/// defaults (what such a run computed), so that older runs still resume, load and match.
+pub fn fill_model_defaults(run: &mut serde_json::Value) {
+    let Some(model) = run.get_mut("model").and_then(|m| m.as_object_mut()) else {
+        return;
+    };
+    let size = |key: &str| model.get(key).and_then(|v| v.as_u64()).map(|v| v as usize);
+    let (Some(vocab), Some(d), Some(layers), Some(heads), Some(context)) = (
+        size("vocab_size"),
+        size("d_model"),
+        size("n_layers"),
+        size("n_heads"),
+        size("context"),
+    ) else {
+        return;
+    };
+    let defaults = GptConfig::new(vocab, d, layers, heads, context);
+    if let Ok(serde_json::Value::Object(defaults)) = serde_json::to_value(defaults) {
+        for (key, value) in defaults {
+            model.entry(key).or_insert(value);
+        }
+    }
+}
+
 /// One field whose value differs between a run's `config.json` and a new config.
 #[derive(Clone, Debug, PartialEq)]
 pub struct FieldChange {
@@ -328,8 +368,10 @@ impl std::fmt::Display for FieldChange {
 ///
 /// Both sides are compared as parsed JSON, so numbers compare by the text they were written as.
 pub fn differing_fields(old: &serde_json::Value, new: &serde_json::Value) -> Vec<FieldChange> {
+    let mut old = old.clone();
+    fill_model_defaults(&mut old);
     let mut out = Vec::new();
-    diff("", Some(old), Some(new), &mut out);
+    diff("", Some(&old), Some(new), &mut out);
     out.retain(|c| {
         !BOOKKEEPING_FIELDS.contains(&c.field.as_str())
             && c.field != "changes"

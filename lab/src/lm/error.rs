@@ -23,6 +23,9 @@ pub enum TrainError {
     /// The corpus cannot give the windows the config asks for.
     #[error(transparent)]
     Data(#[from] DataError),
+    /// The weights a run starts from do not load.
+    #[error("cannot start from these weights: {0}")]
+    Weights(#[from] coupled_qk::model::WeightsError),
     /// Reading or writing a file failed.
     #[error("cannot {action} {}: {source}", path.display())]
     Io {

@@ -20,8 +20,8 @@ pub use checkpoint::{
 };
 pub use clip::clip_global_norm;
 pub use config::{
-    BOOKKEEPING_FIELDS, CorpusInfo, FieldChange, OPTIMISER_FIELDS, RecordedChange, RunConfig,
-    TrainConfig, differing_fields,
+    BOOKKEEPING_FIELDS, CorpusInfo, FieldChange, InitWeights, OPTIMISER_FIELDS, RecordedChange,
+    RunConfig, TrainConfig, differing_fields, fill_model_defaults,
 };
 pub use dynamics_log::{DYNAMICS_HEADER, DynamicsLog, DynamicsRow, write_dynamics_plot};
 pub use error::TrainError;

@@ -10,7 +10,7 @@ use super::checkpoint::{
     CheckpointState, all_checkpoint_dirs, load_checkpoint, prune_checkpoints, save_checkpoint,
 };
 use super::clip::clip_global_norm;
-use super::config::RunConfig;
+use super::config::{InitWeights, RunConfig};
 use super::dynamics_log::{DynamicsLog, write_dynamics_plot};
 use super::eval::{batch_loss, batch_tensors, evaluate};
 use super::metrics::{MetricsLog, MetricsRow, read_metrics_until};
@@ -227,7 +227,14 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
         )?;
 
         B::seed(device, config.seed);
-        let model: Gpt<B> = config.model.try_init(device)?;
+        let mut model: Gpt<B> = config.model.try_init(device)?;
+        if resume_from.is_none() {
+            model = match &config.init_weights {
+                None => model,
+                Some(InitWeights::Safetensors(path)) => model.load_safetensors(path)?,
+                Some(InitWeights::Gpt2(path)) => model.load_gpt2_safetensors(path)?,
+            };
+        }
         let (params, extra_params) = (model.num_params(), model.extra_num_params());
         // PyTorch's ε (Burn's default is 1e-5); no clipping here: `clip_global_norm` does it.
         let optimizer = AdamWConfig::new()

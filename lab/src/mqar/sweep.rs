@@ -137,7 +137,7 @@ impl Sweep {
             }
         }
         for variant in &self.variants {
-            if let Some(Err(e)) = variant.dynamics().map(|d| d.validate()) {
+            if let Err(e) = variant.dynamics().validate() {
                 return Err(format!(
                     "variant {variant}: {e} (with --steps-per-layer, give at least 1)"
                 ));

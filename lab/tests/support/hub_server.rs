@@ -69,7 +69,18 @@ impl HubServer {
 
     /// Serves `bytes` as `file` of `Salesforce/wikitext`.
     pub fn add(&self, file: &str, bytes: Vec<u8>) {
-        self.files.lock().unwrap().insert(file.into(), bytes);
+        self.files
+            .lock()
+            .unwrap()
+            .insert(format!("{PREFIX}{file}"), bytes);
+    }
+
+    /// Serves `bytes` as `file` of the model repository `repo` (e.g. `openai-community/gpt2`).
+    pub fn add_model_file(&self, repo: &str, file: &str, bytes: Vec<u8>) {
+        self.files
+            .lock()
+            .unwrap()
+            .insert(format!("/{repo}/resolve/main/{file}"), bytes);
     }
 
     /// Connections accepted so far.
@@ -104,9 +115,7 @@ fn answer(
         }
     }
     let mut out = stream;
-    let file = path
-        .strip_prefix(PREFIX)
-        .and_then(|name| files.lock().unwrap().get(name).cloned());
+    let file = files.lock().unwrap().get(&path).cloned();
     let Some(bytes) = file else {
         let body = b"Entry not found";
         write!(

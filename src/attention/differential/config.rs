@@ -1,7 +1,10 @@
 use super::DifferentialAttention;
-use crate::attention::RotaryConfig;
 use crate::attention::input::validate_heads_and_dropout;
+use crate::attention::{RotaryConfig, RotaryPosition};
+use crate::coupling::CouplingNetConfig;
+use crate::dynamics::{DynamicsConfig, QkDynamics};
 use crate::error::{ConfigError, or_panic};
+use crate::step_size::StepSizeConfig;
 use burn::config::Config;
 use burn::module::Initializer;
 use burn::nn::{DropoutConfig, LinearConfig, RmsNormConfig};
@@ -32,9 +35,23 @@ pub struct DifferentialAttentionConfig {
     #[config(default = 1e-5)]
     pub norm_epsilon: f64,
     /// Rotary position embedding over `d_map` (each query and key map rotated separately, as
-    /// in the reference code), if any. Its `position` has no effect: there are no dynamics.
+    /// in the reference code), if any; its `position` says whether it acts before or after the
+    /// dynamics.
     #[config(default = "None")]
     pub rotary: Option<RotaryConfig>,
+    /// Query-key dynamics applied to each of the two query/key map pairs of every head before
+    /// scoring, as a coupled layer applies them to its heads: MLP-only, Euler or leapfrog
+    /// integration, or the affine coupling. `Standard` (the default) is plain differential
+    /// attention.
+    #[config(default = "DynamicsConfig::Standard")]
+    pub dynamics: DynamicsConfig,
+    /// The coupling net's hidden width; `None` means `d_map`. One net serves every map of the
+    /// layer.
+    #[config(default = "None")]
+    pub coupling_hidden: Option<usize>,
+    /// The step size `dt` of integrated dynamics.
+    #[config(default = "StepSizeConfig::new()")]
+    pub dt: StepSizeConfig,
     /// Mask future positions (decoder self-attention).
     #[config(default = false)]
     pub causal: bool,
@@ -67,9 +84,15 @@ impl DifferentialAttentionConfig {
     }
 
     /// The parameters the layer adds over a standard attention layer with the same projections:
-    /// the four λ vectors (`4·d_map`) and the RMSNorm's weight (`2·d_map`).
+    /// the four λ vectors (`4·d_map`) and the RMSNorm's weight (`2·d_map`), without those of the
+    /// dynamics.
     pub fn extra_num_params(&self) -> usize {
         6 * self.d_map()
+    }
+
+    /// The config of the dynamics' coupling net, `d_map → hidden → d_map`.
+    pub fn coupling(&self) -> CouplingNetConfig {
+        CouplingNetConfig::new(self.d_map()).with_d_hidden(self.coupling_hidden)
     }
 
     /// Checks every field; the error names the field, its value and the rule.
@@ -93,6 +116,13 @@ impl DifferentialAttentionConfig {
         }
         if let Some(rotary) = &self.rotary {
             rotary.validate(NAME, self.d_map(), "d_map")?;
+        }
+        self.dynamics.validate()?;
+        if self.dynamics.has_coupling_net() {
+            self.coupling().validate()?;
+        }
+        if matches!(self.dynamics, DynamicsConfig::Coupled { .. }) {
+            self.dt.validate()?;
         }
         Ok(())
     }
@@ -130,6 +160,18 @@ impl DifferentialAttentionConfig {
                 .with_epsilon(self.norm_epsilon)
                 .init(device),
             rotary: self.rotary.as_ref().map(|r| r.init(d_map, device)),
+            rotary_position: self
+                .rotary
+                .as_ref()
+                .map_or(RotaryPosition::AfterDynamics, |r| r.position),
+            // The two maps of every head are `2·n_heads` "heads" of width d_map to the dynamics.
+            dynamics: QkDynamics::try_init(
+                &self.dynamics,
+                &self.coupling(),
+                &self.dt,
+                2 * self.n_heads,
+                device,
+            )?,
             dropout: DropoutConfig::new(self.dropout).init(),
             n_heads: self.n_heads,
             d_map,

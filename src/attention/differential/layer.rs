@@ -1,7 +1,8 @@
 use crate::attention::cache::KvCache;
 use crate::attention::input::{AttentionInput, check_input};
-use crate::attention::rotary::rotate;
+use crate::attention::rotary::{RotaryPosition, rotate};
 use crate::attention::sdpa::attention_weights;
+use crate::dynamics::QkDynamics;
 use burn::module::{Module, Param};
 use burn::nn::{Dropout, Linear, RmsNorm, RotaryEncoding};
 use burn::tensor::{Bool, Tensor, backend::Backend};
@@ -23,6 +24,14 @@ use burn::tensor::{Bool, Tensor, backend::Backend};
 /// The four λ vectors (width `d_map`) are learned and shared by the layer's heads, as is the
 /// RMSNorm's weight (over `2·d_map`), following the reference code. The projections have the
 /// parameters of a standard layer; [`extra_num_params`](Self::extra_num_params) counts the rest.
+///
+/// **With query-key dynamics** (`dynamics` other than standard), each pair `(Qᵢ, Kᵢ)` of every
+/// head evolves before scoring exactly as a coupled layer's heads do (Euler or leapfrog steps of
+/// `q ← q + dt·k`, `k ← k + dt·f(q)`, MLP-only, or the invertible affine coupling), with one
+/// coupling net shared by all maps: the composition of coupling with differential attention of
+/// *Invertible Query-Key Coupling Composes with Attention Mechanisms* (Gahtan & Bronstein,
+/// arXiv:2604.01683, later version). `dt = 0` (or a zero-initialised affine net) is plain differential
+/// attention exactly.
 ///
 /// Built by [`DifferentialAttentionConfig`](super::DifferentialAttentionConfig).
 ///
@@ -52,6 +61,10 @@ pub struct DifferentialAttention<B: Backend> {
     pub norm: RmsNorm<B>,
     /// Rotary position embedding over `d_map`, if configured.
     pub rotary: Option<RotaryEncoding<B>>,
+    /// Where the rotary embedding acts.
+    pub rotary_position: RotaryPosition,
+    /// The query-key dynamics of every map pair (standard: none).
+    pub dynamics: QkDynamics<B>,
     /// Dropout on the differential map `A₁ − λ·A₂`.
     pub dropout: Dropout,
     /// The number of differential heads.
@@ -117,15 +130,27 @@ impl<B: Backend> DifferentialAttention<B> {
     fn project(&self, x: Tensor<B, 3>, start: usize) -> (Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>) {
         let (heads, d_map) = (self.n_heads, self.d_map);
         let [batch, seq, _] = x.dims();
-        let maps = |t: Tensor<B, 3>| {
-            let t = t.reshape([batch, seq, 2 * heads, d_map]).swap_dims(1, 2);
-            match &self.rotary {
-                Some(rope) => rotate(NAME, rope, t, start),
-                None => t,
+        // Token-major [batch, seq, 2·heads, d_map] for the dynamics; head-major for RoPE.
+        let maps = |t: Tensor<B, 3>| t.reshape([batch, seq, 2 * heads, d_map]);
+        let rotate = |t: Tensor<B, 4>| match &self.rotary {
+            Some(rope) => rotate(NAME, rope, t, start),
+            None => t,
+        };
+        let (q, k) = (
+            maps(self.query.forward(x.clone())),
+            maps(self.key.forward(x.clone())),
+        );
+        let (q, k) = match self.rotary_position {
+            RotaryPosition::AfterDynamics => {
+                let (q, k) = self.dynamics.forward(q, k);
+                (rotate(q.swap_dims(1, 2)), rotate(k.swap_dims(1, 2)))
+            }
+            RotaryPosition::BeforeDynamics => {
+                let rotated = |t: Tensor<B, 4>| rotate(t.swap_dims(1, 2)).swap_dims(1, 2);
+                let (q, k) = self.dynamics.forward(rotated(q), rotated(k));
+                (q.swap_dims(1, 2), k.swap_dims(1, 2))
             }
         };
-        let q = maps(self.query.forward(x.clone()));
-        let k = maps(self.key.forward(x.clone()));
         let v = self
             .value
             .forward(x)
@@ -178,8 +203,13 @@ impl<B: Backend> DifferentialAttention<B> {
     }
 
     /// The parameters the layer adds over a standard attention layer with the same projections:
-    /// the four λ vectors and the RMSNorm's weight, `6·d_map`.
+    /// the four λ vectors and the RMSNorm's weight (`6·d_map`), and the dynamics'.
     pub fn extra_num_params(&self) -> usize {
+        self.dynamics.num_params() + self.differential_num_params()
+    }
+
+    /// The four λ vectors and the RMSNorm's weight, `6·d_map`.
+    fn differential_num_params(&self) -> usize {
         [
             &self.lambda_q1,
             &self.lambda_k1,
