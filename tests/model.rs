@@ -351,3 +351,46 @@ fn generation_is_greedy_over_the_full_forward_and_reproducible_with_a_seed() {
         "prompt"
     );
 }
+
+#[test]
+fn greedy_decoding_of_a_model_trained_on_a_repeating_pattern_continues_it() {
+    use burn::module::AutodiffModule;
+    use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
+    use coupled_qk::model::{SamplerConfig, masked_cross_entropy};
+    type Ad = burn::backend::Autodiff<B>;
+    let device = Default::default();
+    let pattern = [3i64, 7, 1, 9, 4, 2];
+    let (rows, len) = (6, 17);
+    <Ad as burn::tensor::backend::Backend>::seed(&device, 1);
+    let mut model = GptConfig::new(12, 32, 2, 2, 16)
+        .with_attention(AttentionVariant::Coupled(DynamicsConfig::euler(1)))
+        .init::<Ad>(&device);
+    let mut optimizer = AdamWConfig::new().init();
+    // Every row starts at another phase of the pattern.
+    let ids: Vec<i64> = (0..rows)
+        .flat_map(|r| (0..len).map(move |t| pattern[(r + t) % pattern.len()]))
+        .collect();
+    let batch = Tensor::<Ad, 2, Int>::from_data(TensorData::new(ids, [rows, len]), &device);
+    let inputs = batch.clone().slice([0..rows, 0..len - 1]);
+    let targets = batch.slice([0..rows, 1..len]).reshape([rows * (len - 1)]);
+    for _ in 0..150 {
+        let logits = model
+            .forward(inputs.clone())
+            .reshape([rows * (len - 1), 12]);
+        let loss = masked_cross_entropy(
+            logits,
+            targets.clone(),
+            Tensor::ones([rows * (len - 1)], &device),
+        );
+        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        model = optimizer.step(1e-2, model, grads);
+    }
+    let sampler = SamplerConfig::new()
+        .with_temperature(0.0)
+        .with_max_new_tokens(9);
+    let out = model
+        .valid()
+        .generate(&[3, 7, 1], &sampler, |_| {})
+        .unwrap();
+    assert_eq!(out, [9, 4, 2, 3, 7, 1, 9, 4, 2]);
+}
