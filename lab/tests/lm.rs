@@ -958,3 +958,23 @@ fn a_config_json_from_before_a_model_field_existed_still_matches() {
     assert_eq!(changes.len(), 1, "{changes:?}");
     assert_eq!(changes[0].field, "model.gelu_tanh");
 }
+
+#[test]
+fn a_config_json_from_before_the_corpus_hashes_still_matches_but_a_different_hash_does_not() {
+    let new: serde_json::Value =
+        serde_json::from_str(&RunConfig::new(&tiny(10), &corpus()).to_json()).unwrap();
+    let mut old = new.clone();
+    let recorded = old["corpus"].as_object_mut().unwrap();
+    assert!(recorded.remove("train_hash").is_some() && recorded.remove("valid_hash").is_some());
+    assert_eq!(differing_fields(&old, &new), vec![]);
+    // A recorded hash that differs is another corpus.
+    let mut edited = new.clone();
+    edited["corpus"]["train_hash"] = serde_json::json!("0000000000000000");
+    let changes = differing_fields(&edited, &new);
+    assert_eq!(changes.len(), 1, "{changes:?}");
+    assert_eq!(changes[0].field, "corpus.train_hash");
+    // And a corpus of another length still is, hashes or not.
+    let mut shorter = old.clone();
+    shorter["corpus"]["train_tokens"] = serde_json::json!(1);
+    assert_eq!(differing_fields(&shorter, &new)[0].field, "corpus.train_tokens");
+}

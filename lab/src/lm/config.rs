@@ -364,7 +364,8 @@ impl std::fmt::Display for FieldChange {
 }
 
 /// The fields whose values differ between two `config.json` texts, leaving out
-/// [`BOOKKEEPING_FIELDS`], the record of earlier changes and the backend.
+/// [`BOOKKEEPING_FIELDS`], the record of earlier changes, the backend, and the corpus hashes
+/// where the old text has none (it was written before they were recorded).
 ///
 /// Both sides are compared as parsed JSON, so numbers compare by the text they were written as.
 pub fn differing_fields(old: &serde_json::Value, new: &serde_json::Value) -> Vec<FieldChange> {
@@ -376,9 +377,18 @@ pub fn differing_fields(old: &serde_json::Value, new: &serde_json::Value) -> Vec
         !BOOKKEEPING_FIELDS.contains(&c.field.as_str())
             && c.field != "changes"
             && c.field != "backend"
+            // A config.json written before the corpus hashes were recorded cannot be checked
+            // against them; its corpus name, tokenizer and token counts still are.
+            && !(CORPUS_HASH_FIELDS.contains(&c.field.as_str()) && c.old == ABSENT)
     });
     out
 }
+
+/// The hashes of the corpus's ids in `config.json`.
+const CORPUS_HASH_FIELDS: [&str; 2] = ["corpus.train_hash", "corpus.valid_hash"];
+
+/// How [`FieldChange`] writes a missing value.
+const ABSENT: &str = "absent";
 
 fn diff(
     path: &str,
@@ -402,7 +412,7 @@ fn diff(
             }
         }
         (a, b) if a != b => {
-            let text = |v: Option<&serde_json::Value>| v.map_or("absent".into(), |v| v.to_string());
+            let text = |v: Option<&serde_json::Value>| v.map_or(ABSENT.into(), |v| v.to_string());
             out.push(FieldChange {
                 field: path.to_string(),
                 old: text(a),
