@@ -976,5 +976,8 @@ fn a_config_json_from_before_the_corpus_hashes_still_matches_but_a_different_has
     // And a corpus of another length still is, hashes or not.
     let mut shorter = old.clone();
     shorter["corpus"]["train_tokens"] = serde_json::json!(1);
-    assert_eq!(differing_fields(&shorter, &new)[0].field, "corpus.train_tokens");
+    assert_eq!(
+        differing_fields(&shorter, &new)[0].field,
+        "corpus.train_tokens"
+    );
 }
