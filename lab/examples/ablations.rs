@@ -15,8 +15,8 @@
 
 use clap::Parser;
 use coupled_qk_lab::suite::{
-    Budget, ablation_table, aggregate, command_line, paired, paired_table, parse_variants,
-    seed_table, write_report,
+    Budget, ablation_table, aggregate, command_line, dynamics_table, paired_table,
+    paired_to_baselines, parse_variants, seed_table, write_report,
 };
 use std::path::PathBuf;
 
@@ -90,22 +90,26 @@ fn run(args: Args) -> Result<(), String> {
     let outcome = args.budget.train(&suite, cells)?;
     let results = &outcome.results;
     let aggregates = aggregate(results);
-    let paired = paired(results, "standard");
+    let paired_all = paired_to_baselines(results);
     let md = format!(
         "{header}{}\nThe paper's column is its 60M model on WikiText-103 (validation perplexity, std over seeds); \
          Δ is relative to standard. Runs here are far smaller: compare directions and spreads, not values.\n\n\
-         ## Paired with standard\n\nEach variant's validation loss minus standard's on the same seed (same \
+         ## Paired differences\n\nEach variant's validation loss minus the baseline's on the same seed (same \
          initialisation of the shared parts, same data order), averaged over seeds, with Student's t 95% \
-         interval: an interval that excludes 0 is a difference the seeds resolve.\n\n{}\n## Per seed\n\n{}",
+         interval: an interval that excludes 0 is a difference the seeds resolve. Coupled differential \
+         attention (`diff+…`) is paired with plain `diff` too.\n\n{}\n\
+         ## Dynamics at the end of training\n\nFrom each run's last evaluation (`dynamics.csv`, on one \
+         validation batch), mean over seeds.\n\n{}\n## Per seed\n\n{}",
         ablation_table(&aggregates, &corpus.name),
-        paired_table(&paired),
+        paired_table(&paired_all),
+        dynamics_table(results),
         seed_table(results)
     );
     write_report(
         &args.out,
         &md,
         &outcome,
-        serde_json::json!({ "corpus": corpus.name, "paired": paired }),
+        serde_json::json!({ "corpus": corpus.name, "paired": paired_all }),
     )?;
     outcome.check()
 }

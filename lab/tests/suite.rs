@@ -69,6 +69,7 @@ fn cell(variant: &str, seed: u64, ppl: f64) -> CellResult {
         params: 10,
         extra_params: 0,
         curve: vec![],
+        dynamics: vec![],
         dir: Default::default(),
     }
 }
@@ -230,4 +231,68 @@ fn paired_differences_have_a_t_interval_and_count_the_seeds_ahead() {
     assert_eq!((p[1].seeds, p[1].ahead, p[1].ci95), (1, 0, None));
     assert!((p[1].mean_diff - 0.1).abs() < 1e-12);
     assert!((t_975(5) - 2.571).abs() < 1e-12 && (t_975(100) - 1.984).abs() < 0.005);
+}
+
+#[test]
+fn coupled_differential_attention_is_paired_with_standard_and_with_plain_diff() {
+    use coupled_qk_lab::suite::paired_to_baselines;
+    let results = vec![
+        cell("standard", 0, f64::exp(3.0)),
+        cell("diff", 0, f64::exp(2.8)),
+        cell("euler1", 0, f64::exp(2.9)),
+        cell("diff+euler1", 0, f64::exp(2.5)),
+    ];
+    let p = paired_to_baselines(&results);
+    let found: Vec<(&str, &str)> = p
+        .iter()
+        .map(|p| (p.variant.as_str(), p.baseline.as_str()))
+        .collect();
+    assert_eq!(
+        found,
+        [
+            ("diff", "standard"),
+            ("euler1", "standard"),
+            ("diff+euler1", "standard"),
+            ("diff+euler1", "diff"),
+        ]
+    );
+    assert!((p[3].mean_diff + 0.3).abs() < 1e-12 && (p[2].mean_diff + 0.5).abs() < 1e-12);
+}
+
+#[test]
+fn the_dynamics_table_averages_each_layer_over_seeds() {
+    use coupled_qk::DynamicsStats;
+    use coupled_qk_lab::lm::DynamicsRow;
+    use coupled_qk_lab::suite::dynamics_table;
+    let row = |layer: usize, dt: Vec<f64>, q: f64, entropy: f64| DynamicsRow {
+        step: 100,
+        layer,
+        stats: DynamicsStats {
+            dt,
+            q_change: q,
+            k_change: q / 2.0,
+            entropy,
+            entropy_standard: 2.0,
+        },
+    };
+    let mut a = cell("euler1", 0, 8.0);
+    a.dynamics = vec![
+        row(0, vec![0.1, 0.3], 0.04, 1.9),
+        row(1, vec![0.2], 0.1, 2.0),
+    ];
+    let mut b = cell("euler1", 1, 8.0);
+    b.dynamics = vec![row(0, vec![0.4], 0.08, 1.7), row(1, vec![0.2], 0.1, 2.0)];
+    let mut mlp = cell("mlp-only", 0, 8.0);
+    mlp.dynamics = vec![row(0, vec![], 0.5, 2.5)];
+    let table = dynamics_table(&[cell("standard", 0, 9.0), a, b, mlp]);
+    let lines: Vec<&str> = table.lines().skip(2).collect();
+    // Layer 0: dt (0.2 and 0.4 per run) 0.3, q moves 0.06, k 0.03, entropy change −0.2.
+    assert_eq!(
+        lines,
+        [
+            "| c | euler1 | 0 | 2 | 0.300 | 0.060 | 0.030 | -0.200 |",
+            "| c | euler1 | 1 | 2 | 0.200 | 0.100 | 0.050 | +0.000 |",
+            "| c | mlp-only | 0 | 1 | – | 0.500 | 0.250 | +0.500 |",
+        ]
+    );
 }

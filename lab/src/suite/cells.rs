@@ -3,8 +3,8 @@
 
 use crate::data::TokenizedCorpus;
 use crate::lm::{
-    RunConfig, RunOptions, RunSummary, TrainConfig, TrainError, differing_fields, read_metrics,
-    train_on_devices,
+    DynamicsRow, RunConfig, RunOptions, RunSummary, TrainConfig, TrainError, differing_fields,
+    read_metrics, train_on_devices,
 };
 use burn::tensor::backend::AutodiffBackend;
 use std::path::{Path, PathBuf};
@@ -49,6 +49,10 @@ pub struct CellResult {
     pub extra_params: usize,
     /// The validation curve.
     pub curve: Vec<CurvePoint>,
+    /// What each coupled layer's dynamics did at the last evaluation (empty for standard and
+    /// differential attention).
+    #[serde(default)]
+    pub dynamics: Vec<DynamicsRow>,
     /// The run folder.
     pub dir: PathBuf,
 }
@@ -176,6 +180,7 @@ pub fn run_cell<B: AutodiffBackend>(
         params: summary.params,
         extra_params: summary.extra_params,
         curve,
+        dynamics: summary.dynamics,
         dir,
     })
 }

@@ -12,8 +12,10 @@ pub use budget::{Budget, Cells, SuiteOutcome, shared_data_dir};
 pub use cells::{CellResult, CurvePoint, FailedCell, Suite, run_cell};
 pub use plot::write_curves_plot;
 pub use report::{
-    PAPER_60M, ablation_table, change_pct, command_line, paired_table, seed_table, write_markdown,
-    write_report,
+    PAPER_60M, ablation_table, change_pct, command_line, dynamics_table, paired_table, seed_table,
+    write_markdown, write_report,
 };
-pub use stats::{Aggregate, Paired, aggregate, first_reach, mean_std, paired, t_975};
+pub use stats::{
+    Aggregate, Paired, aggregate, first_reach, mean_std, paired, paired_to_baselines, t_975,
+};
 pub use variant::parse_variants;

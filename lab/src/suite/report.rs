@@ -1,7 +1,8 @@
 //! Markdown tables of suite results beside the paper's numbers.
 
-use super::{Aggregate, CellResult};
+use super::{Aggregate, CellResult, mean_std};
 use crate::atomic;
+use crate::lm::DynamicsRow;
 use std::fmt::Write;
 use std::path::Path;
 
@@ -72,6 +73,55 @@ pub fn paired_table(paired: &[super::Paired]) -> String {
             md,
             "| {} | {} | {} | {} | {:+.4} | {interval} | {} of {} |",
             p.corpus, p.variant, p.baseline, p.seeds, p.mean_diff, p.ahead, p.seeds
+        );
+    }
+    md
+}
+
+/// What the dynamics did by the end of training: per corpus, variant and layer, the mean over
+/// seeds of the learned `dt` (averaged over heads), the relative moves of queries and keys, and
+/// the change of attention entropy against the same layer with the dynamics off. Variants
+/// without logged dynamics (standard and differential attention) have no rows.
+pub fn dynamics_table(results: &[CellResult]) -> String {
+    let mut md = String::from(
+        "| corpus | variant | layer | seeds | dt | ‖q₁ − q₀‖ / ‖q₀‖ | ‖k₁ − k₀‖ / ‖k₀‖ | entropy − standard's (nats) |\n\
+         |---|---|---|---|---|---|---|---|\n",
+    );
+    let mut groups: Vec<(&str, &str, usize)> = Vec::new();
+    for r in results {
+        for row in &r.dynamics {
+            let key = (r.corpus.as_str(), r.variant.as_str(), row.layer);
+            if !groups.contains(&key) {
+                groups.push(key);
+            }
+        }
+    }
+    for (corpus, variant, layer) in groups {
+        let rows: Vec<_> = results
+            .iter()
+            .filter(|r| r.corpus == corpus && r.variant == variant)
+            .filter_map(|r| r.dynamics.iter().find(|row| row.layer == layer))
+            .collect();
+        let mean = |f: &dyn Fn(&DynamicsRow) -> Option<f64>| {
+            let values: Vec<f64> = rows.iter().filter_map(|r| f(r)).collect();
+            (!values.is_empty()).then(|| mean_std(&values).0)
+        };
+        let show = |v: Option<f64>, sign: bool| match (v, sign) {
+            (None, _) => "–".to_string(),
+            (Some(v), true) => format!("{v:+.3}"),
+            (Some(v), false) => format!("{v:.3}"),
+        };
+        let _ = writeln!(
+            md,
+            "| {corpus} | {variant} | {layer} | {} | {} | {} | {} | {} |",
+            rows.len(),
+            show(mean(&|r| r.dt_mean()), false),
+            show(mean(&|r| Some(r.stats.q_change)), false),
+            show(mean(&|r| Some(r.stats.k_change)), false),
+            show(
+                mean(&|r| Some(r.stats.entropy - r.stats.entropy_standard)),
+                true
+            ),
         );
     }
     md

@@ -152,6 +152,18 @@ pub fn paired(results: &[CellResult], baseline: &str) -> Vec<Paired> {
     out
 }
 
+/// Every variant against standard attention, then each coupled differential attention
+/// (`diff+…`) also against plain `diff`: what the coupling adds to differential attention.
+pub fn paired_to_baselines(results: &[CellResult]) -> Vec<Paired> {
+    let mut out = paired(results, "standard");
+    out.extend(
+        paired(results, "diff")
+            .into_iter()
+            .filter(|p| p.variant.starts_with("diff+")),
+    );
+    out
+}
+
 /// Where a validation curve first reaches `target` (loss at or below it), interpolating linearly
 /// between evaluations: `(tokens, elapsed seconds)`; `None` if it never does.
 pub fn first_reach(curve: &[CurvePoint], target: f64) -> Option<(f64, f64)> {
