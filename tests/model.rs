@@ -259,6 +259,36 @@ fn each_variant_builds_its_layer() {
 }
 
 #[test]
+fn every_block_reports_what_its_dynamics_do() {
+    let device = Default::default();
+    let input = tokens(&[1, 5, 9, 2, 7, 3, 8, 4], 2);
+    // (variant, dt, whether queries move): a fresh affine coupling is the identity.
+    for (name, dt, moves) in [
+        ("standard", vec![], false),
+        ("euler1", vec![0.5], true),
+        ("affine1", vec![], false),
+        ("diff", vec![], false),
+        ("diff+euler1", vec![0.5], true),
+        ("diff+affine1", vec![], false),
+    ] {
+        let model = GptConfig::new(32, 16, 2, 2, 8)
+            .with_attention(name.parse().unwrap())
+            .with_dt(coupled_qk::StepSizeConfig::new().with_init(0.5))
+            .init::<B>(&device);
+        let stats = model.dynamics_stats(input.clone());
+        assert_eq!(stats.len(), 2, "{name}");
+        for s in stats {
+            assert_eq!(s.dt, dt, "{name}");
+            assert_eq!(s.q_change > 1e-3, moves, "{name}: {s:?}");
+            if !moves {
+                assert_eq!((s.q_change, s.k_change), (0.0, 0.0), "{name}");
+                assert_eq!(s.entropy, s.entropy_standard, "{name}");
+            }
+        }
+    }
+}
+
+#[test]
 fn cached_decoding_gives_the_full_forward_logits_for_every_variant() {
     use coupled_qk::model::GptCache;
     let device = Default::default();

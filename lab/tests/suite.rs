@@ -284,7 +284,9 @@ fn the_dynamics_table_averages_each_layer_over_seeds() {
     b.dynamics = vec![row(0, vec![0.4], 0.08, 1.7), row(1, vec![0.2], 0.1, 2.0)];
     let mut mlp = cell("mlp-only", 0, 8.0);
     mlp.dynamics = vec![row(0, vec![], 0.5, 2.5)];
-    let table = dynamics_table(&[cell("standard", 0, 9.0), a, b, mlp]);
+    let mut standard = cell("standard", 0, 9.0);
+    standard.dynamics = vec![row(0, vec![], 0.0, 2.0)];
+    let table = dynamics_table(&[standard, a, b, mlp]);
     let lines: Vec<&str> = table.lines().skip(2).collect();
     // Layer 0: dt (0.2 and 0.4 per run) 0.3, q moves 0.06, k 0.03, entropy change −0.2.
     assert_eq!(

@@ -7,11 +7,13 @@ mod coupled;
 mod differential;
 mod input;
 mod mask;
+mod probe;
 mod rotary;
 mod sdpa;
 
 pub use cache::{CoupledQkCache, KvCache};
-pub use coupled::{CoupledQkAttention, CoupledQkAttentionConfig, DynamicsStats, QkStates};
+pub use coupled::{CoupledQkAttention, CoupledQkAttentionConfig, QkStates};
 pub use differential::{DifferentialAttention, DifferentialAttentionConfig};
 pub use input::AttentionInput;
+pub use probe::DynamicsStats;
 pub use rotary::{RotaryConfig, RotaryPosition};

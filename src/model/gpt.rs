@@ -253,23 +253,25 @@ impl<B: Backend> Gpt<B> {
     }
 
     /// What each block's query-key dynamics do to `tokens` (see
-    /// [`CoupledQkAttention::dynamics_stats`]): one entry per block, `None` for differential
-    /// attention. A diagnostic for training runs: one forward pass, no gradients needed.
+    /// [`CoupledQkAttention::dynamics_stats`] and [`DifferentialAttention::dynamics_stats`]): one
+    /// entry per block. A diagnostic for training runs: one forward pass, no gradients needed.
     ///
     /// # Shapes
     /// - `tokens`: `[batch, seq]`, `seq <= context`
     ///
     /// # Panics
     /// If `seq` exceeds the context.
-    pub fn dynamics_stats(&self, tokens: Tensor<B, 2, Int>) -> Vec<Option<DynamicsStats>> {
+    pub fn dynamics_stats(&self, tokens: Tensor<B, 2, Int>) -> Vec<DynamicsStats> {
         let mut x = self.embed(tokens, 0);
         let mut stats = Vec::with_capacity(self.blocks.len());
         for block in &self.blocks {
             stats.push(match &block.attention {
                 BlockAttention::Coupled(attention) => {
-                    Some(attention.dynamics_stats(block.norm_attention.forward(x.clone())))
+                    attention.dynamics_stats(block.norm_attention.forward(x.clone()))
                 }
-                BlockAttention::Differential(_) => None,
+                BlockAttention::Differential(attention) => {
+                    attention.dynamics_stats(block.norm_attention.forward(x.clone()))
+                }
             });
             x = block.forward(x);
         }

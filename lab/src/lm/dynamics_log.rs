@@ -115,16 +115,10 @@ impl DynamicsLog {
         &self.rows
     }
 
-    /// Records one evaluation: a row per layer with coupled attention.
-    pub fn record(
-        &mut self,
-        step: usize,
-        layers: Vec<Option<DynamicsStats>>,
-    ) -> Result<(), TrainError> {
+    /// Records one evaluation: a row per layer.
+    pub fn record(&mut self, step: usize, layers: Vec<DynamicsStats>) -> Result<(), TrainError> {
         for (layer, stats) in layers.into_iter().enumerate() {
-            if let Some(stats) = stats {
-                self.rows.push(DynamicsRow { step, layer, stats });
-            }
+            self.rows.push(DynamicsRow { step, layer, stats });
         }
         self.write()
     }
@@ -223,10 +217,8 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         let path = dir.join("dynamics.csv");
         let mut log = DynamicsLog::open(&path, None).unwrap();
-        log.record(5, vec![Some(row(5, 0, vec![0.1]).stats), None])
-            .unwrap();
-        log.record(10, vec![Some(row(10, 0, vec![0.2]).stats), None])
-            .unwrap();
+        log.record(5, vec![row(5, 0, vec![0.1]).stats]).unwrap();
+        log.record(10, vec![row(10, 0, vec![0.2]).stats]).unwrap();
         assert_eq!(log.last(), [row(10, 0, vec![0.2])]);
         let resumed = DynamicsLog::open(&path, Some(7)).unwrap();
         assert_eq!(resumed.rows(), [row(5, 0, vec![0.1])]);

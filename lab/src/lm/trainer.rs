@@ -450,7 +450,7 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
     }
 
     /// What each layer's dynamics do to the first validation batch.
-    pub fn dynamics_stats(&self) -> Vec<Option<coupled_qk::DynamicsStats>> {
+    pub fn dynamics_stats(&self) -> Vec<coupled_qk::DynamicsStats> {
         let device = &self.devices[0];
         let (inputs, _) = batch_tensors::<B::InnerBackend>(&self.eval_set[0], device);
         self.model().valid().dynamics_stats(inputs)

@@ -80,15 +80,19 @@ pub fn paired_table(paired: &[super::Paired]) -> String {
 
 /// What the dynamics did by the end of training: per corpus, variant and layer, the mean over
 /// seeds of the learned `dt` (averaged over heads), the relative moves of queries and keys, and
-/// the change of attention entropy against the same layer with the dynamics off. Variants
-/// without logged dynamics (standard and differential attention) have no rows.
+/// the change of attention entropy against the same layer with the dynamics off. Variants whose
+/// dynamics move nothing (standard and plain differential attention) have no rows.
 pub fn dynamics_table(results: &[CellResult]) -> String {
     let mut md = String::from(
         "| corpus | variant | layer | seeds | dt | ‖q₁ − q₀‖ / ‖q₀‖ | ‖k₁ − k₀‖ / ‖k₀‖ | entropy − standard's (nats) |\n\
          |---|---|---|---|---|---|---|---|\n",
     );
     let mut groups: Vec<(&str, &str, usize)> = Vec::new();
-    for r in results {
+    // Standard and plain differential attention log rows that move nothing.
+    let moves = |row: &DynamicsRow| {
+        !row.stats.dt.is_empty() || row.stats.q_change != 0.0 || row.stats.k_change != 0.0
+    };
+    for r in results.iter().filter(|r| r.dynamics.iter().any(moves)) {
         for row in &r.dynamics {
             let key = (r.corpus.as_str(), r.variant.as_str(), row.layer);
             if !groups.contains(&key) {

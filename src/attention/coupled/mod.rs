@@ -7,4 +7,4 @@ mod probe;
 
 pub use config::CoupledQkAttentionConfig;
 pub use layer::CoupledQkAttention;
-pub use probe::{DynamicsStats, QkStates};
+pub use probe::QkStates;

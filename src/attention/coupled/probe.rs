@@ -4,9 +4,10 @@
 
 use super::CoupledQkAttention;
 use crate::attention::input::check_input;
+use crate::attention::probe::{DynamicsStats, mean_entropy, relative_change};
 use crate::attention::sdpa::attention_weights;
 use crate::dynamics::{Identity, QkDynamics};
-use burn::tensor::{ElementConversion, Tensor, backend::Backend};
+use burn::tensor::{Tensor, backend::Backend};
 
 /// A layer's queries and keys for one input, before and after its dynamics (without the rotary
 /// embedding).
@@ -23,21 +24,6 @@ pub struct QkStates<B: Backend> {
     pub q_evolved: Tensor<B, 4>,
     /// The keys the dynamics give.
     pub k_evolved: Tensor<B, 4>,
-}
-
-/// What a layer's dynamics did to one input, as numbers.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct DynamicsStats {
-    /// The step size `dt`: one value, or one per head; empty without coupled dynamics.
-    pub dt: Vec<f64>,
-    /// `‖q₁ − q₀‖ / ‖q₀‖` over the whole input (Frobenius norms).
-    pub q_change: f64,
-    /// `‖k₁ − k₀‖ / ‖k₀‖` over the whole input.
-    pub k_change: f64,
-    /// The mean entropy (nats) of the attention rows, as the layer scores.
-    pub entropy: f64,
-    /// The same with the dynamics switched off (standard attention with the layer's projections).
-    pub entropy_standard: f64,
 }
 
 impl<B: Backend> CoupledQkAttention<B> {
@@ -71,12 +57,8 @@ impl<B: Backend> CoupledQkAttention<B> {
     /// If `x` is not `[batch, seq, d_model]`.
     pub fn dynamics_stats(&self, x: Tensor<B, 3>) -> DynamicsStats {
         let states = self.qk_states(x.clone());
-        let change = |before: Tensor<B, 4>, after: Tensor<B, 4>| {
-            let moved = norm(after - before.clone());
-            moved / norm(before).max(f64::MIN_POSITIVE)
-        };
-        let q_change = change(states.q, states.q_evolved);
-        let k_change = change(states.k, states.k_evolved);
+        let q_change = relative_change(states.q, states.q_evolved);
+        let k_change = relative_change(states.k, states.k_evolved);
         let entropy_with = |dynamics: &QkDynamics<B>| {
             let (q, k, _) = self.project_with(x.clone(), 0, dynamics);
             mean_entropy(attention_weights(q, k, None, self.causal))
@@ -99,20 +81,6 @@ impl<B: Backend> CoupledQkAttention<B> {
             entropy_standard: entropy_with(&QkDynamics::Standard(Identity)),
         }
     }
-}
-
-/// The Frobenius norm.
-fn norm<B: Backend>(x: Tensor<B, 4>) -> f64 {
-    x.powf_scalar(2.0).sum().sqrt().into_scalar().elem::<f64>()
-}
-
-/// The mean over rows of `−Σ p·ln p`, for weights `[batch, heads, s_q, s_k]`.
-fn mean_entropy<B: Backend>(weights: Tensor<B, 4>) -> f64 {
-    let [batch, heads, s_q, _] = weights.dims();
-    // 0·ln 0 = 0: a masked key contributes nothing.
-    let terms = weights.clone() * weights.clamp_min(1e-30).log();
-    let total = terms.sum().into_scalar().elem::<f64>();
-    -total / (batch * heads * s_q) as f64
 }
 
 #[cfg(test)]

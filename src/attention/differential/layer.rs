@@ -128,6 +128,16 @@ impl<B: Backend> DifferentialAttention<B> {
     /// - output: `q`, `k`: `[batch, 2·heads, seq, d_map]` (map `2h` and `2h + 1` are head `h`'s
     ///   first and second, the reference code's layout); `v`: `[batch, heads, seq, 2·d_map]`
     fn project(&self, x: Tensor<B, 3>, start: usize) -> (Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>) {
+        self.project_with(x, start, &self.dynamics)
+    }
+
+    /// [`project`](Self::project) with the given dynamics in place of the layer's.
+    pub(super) fn project_with(
+        &self,
+        x: Tensor<B, 3>,
+        start: usize,
+        dynamics: &QkDynamics<B>,
+    ) -> (Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>) {
         let (heads, d_map) = (self.n_heads, self.d_map);
         let [batch, seq, _] = x.dims();
         // Token-major [batch, seq, 2·heads, d_map] for the dynamics; head-major for RoPE.
@@ -142,12 +152,12 @@ impl<B: Backend> DifferentialAttention<B> {
         );
         let (q, k) = match self.rotary_position {
             RotaryPosition::AfterDynamics => {
-                let (q, k) = self.dynamics.forward(q, k);
+                let (q, k) = dynamics.forward(q, k);
                 (rotate(q.swap_dims(1, 2)), rotate(k.swap_dims(1, 2)))
             }
             RotaryPosition::BeforeDynamics => {
                 let rotated = |t: Tensor<B, 4>| rotate(t.swap_dims(1, 2)).swap_dims(1, 2);
-                let (q, k) = self.dynamics.forward(rotated(q), rotated(k));
+                let (q, k) = dynamics.forward(rotated(q), rotated(k));
                 (q.swap_dims(1, 2), k.swap_dims(1, 2))
             }
         };

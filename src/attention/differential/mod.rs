@@ -2,6 +2,7 @@
 
 mod config;
 mod layer;
+mod probe;
 
 pub use config::DifferentialAttentionConfig;
 pub use layer::DifferentialAttention;

@@ -1,0 +1,102 @@
+//! What a differential layer's query-key dynamics do to one input: the numbers a training run
+//! logs about them, as for the coupled layer.
+
+use super::DifferentialAttention;
+use crate::attention::input::check_input;
+use crate::attention::probe::{DynamicsStats, mean_entropy, relative_change};
+use crate::attention::sdpa::attention_weights;
+use crate::dynamics::{Identity, QkDynamics};
+use burn::tensor::{Tensor, backend::Backend};
+
+impl<B: Backend> DifferentialAttention<B> {
+    /// How far the dynamics move the query and key maps of `x` (both maps of every head
+    /// together), and how they change the mean entropy of the two softmax maps `A₁`, `A₂` (the
+    /// layer's masking and rotary embedding included, no padding mask). Plain differential
+    /// attention moves nothing.
+    ///
+    /// # Shapes
+    /// - `x`: `[batch, seq, d_model]`
+    ///
+    /// # Panics
+    /// If `x` is not `[batch, seq, d_model]`.
+    pub fn dynamics_stats(&self, x: Tensor<B, 3>) -> DynamicsStats {
+        check_input("DifferentialAttention::dynamics_stats", &x, self.d_model());
+        let standard = QkDynamics::Standard(Identity);
+        let (q0, k0, _) = self.project_with(x.clone(), 0, &standard);
+        let (q1, k1, _) = self.project_with(x, 0, &self.dynamics);
+        // A rotary embedding after the dynamics rotates both states alike, which keeps the norm
+        // of their difference: the moves are the dynamics' own either way.
+        let q_change = relative_change(q0.clone(), q1.clone());
+        let k_change = relative_change(k0.clone(), k1.clone());
+        let dt = match self.dynamics.step_size() {
+            Some(step) => step
+                .dt
+                .val()
+                .into_data()
+                .convert::<f64>()
+                .to_vec::<f64>()
+                .expect("dt converts to f64"),
+            None => Vec::new(),
+        };
+        DynamicsStats {
+            dt,
+            q_change,
+            k_change,
+            entropy: mean_entropy(attention_weights(q1, k1, None, self.causal)),
+            entropy_standard: mean_entropy(attention_weights(q0, k0, None, self.causal)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::attention::DifferentialAttentionConfig;
+    use crate::dynamics::{DynamicsConfig, QkDynamics};
+    use crate::step_size::StepSizeConfig;
+    use burn::backend::Flex;
+    use burn::module::Param;
+    use burn::tensor::{Distribution, Tensor};
+
+    type TestBackend = Flex;
+
+    /// One Euler step with `f = 0` and key maps equal to query maps: `q₁ = (1 + dt)·q₀`,
+    /// `k₁ = k₀`, so the queries move by exactly `dt` of their size and the keys not at all.
+    #[test]
+    fn known_dt_and_force_give_the_changes_by_hand() {
+        let device = Default::default();
+        let mut layer = DifferentialAttentionConfig::new(8, 2)
+            .with_dynamics(DynamicsConfig::euler(1))
+            .with_dt(StepSizeConfig::new().with_init(0.25))
+            .init::<TestBackend>(&device);
+        layer.key.weight = Param::from_tensor(layer.query.weight.val());
+        layer.key.bias = layer
+            .query
+            .bias
+            .as_ref()
+            .map(|b| Param::from_tensor(b.val()));
+        let QkDynamics::Coupled(dynamics) = &mut layer.dynamics else {
+            unreachable!()
+        };
+        let f = &mut dynamics.coupling;
+        f.w2 = Param::from_tensor(f.w2.val().zeros_like());
+        f.b2 = Param::from_tensor(f.b2.val().zeros_like());
+        let x = Tensor::<TestBackend, 3>::random([2, 5, 8], Distribution::Default, &device);
+        let stats = layer.dynamics_stats(x);
+        assert_eq!(stats.dt, [0.25]);
+        assert!((stats.q_change - 0.25).abs() < 1e-6, "{stats:?}");
+        assert!(stats.k_change.abs() < 1e-7, "{stats:?}");
+        // Scores scale by 1 + dt: sharper rows, lower entropy.
+        assert!(stats.entropy < stats.entropy_standard, "{stats:?}");
+    }
+
+    #[test]
+    fn plain_differential_attention_moves_nothing() {
+        let device = Default::default();
+        let layer = DifferentialAttentionConfig::new(8, 2).init::<TestBackend>(&device);
+        let x = Tensor::<TestBackend, 3>::random([1, 4, 8], Distribution::Default, &device);
+        let stats = layer.dynamics_stats(x);
+        assert!(stats.dt.is_empty());
+        assert_eq!((stats.q_change, stats.k_change), (0.0, 0.0));
+        assert_eq!(stats.entropy, stats.entropy_standard);
+    }
+}

@@ -1,0 +1,40 @@
+//! What a layer's query-key dynamics do to one input, as numbers: shared by the coupled and the
+//! differential layer's probes.
+
+use burn::tensor::{ElementConversion, Tensor, backend::Backend};
+
+/// What a layer's dynamics did to one input, as numbers.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct DynamicsStats {
+    /// The step size `dt`: one value, or one per head; empty without coupled dynamics.
+    pub dt: Vec<f64>,
+    /// `‖q₁ − q₀‖ / ‖q₀‖` over the whole input (Frobenius norms).
+    pub q_change: f64,
+    /// `‖k₁ − k₀‖ / ‖k₀‖` over the whole input.
+    pub k_change: f64,
+    /// The mean entropy (nats) of the attention rows, as the layer scores (for differential
+    /// attention, the rows of both softmax maps).
+    pub entropy: f64,
+    /// The same with the dynamics switched off (standard attention with the layer's projections).
+    pub entropy_standard: f64,
+}
+
+/// The Frobenius norm.
+fn norm<B: Backend>(x: Tensor<B, 4>) -> f64 {
+    x.powf_scalar(2.0).sum().sqrt().into_scalar().elem::<f64>()
+}
+
+/// The mean over rows of `−Σ p·ln p`, for weights `[batch, heads, s_q, s_k]`.
+pub(crate) fn mean_entropy<B: Backend>(weights: Tensor<B, 4>) -> f64 {
+    let [batch, heads, s_q, _] = weights.dims();
+    // 0·ln 0 = 0: a masked key contributes nothing.
+    let terms = weights.clone() * weights.clamp_min(1e-30).log();
+    let total = terms.sum().into_scalar().elem::<f64>();
+    -total / (batch * heads * s_q) as f64
+}
+
+/// `‖after − before‖ / ‖before‖` (Frobenius norms; 0 when nothing moved).
+pub(crate) fn relative_change<B: Backend>(before: Tensor<B, 4>, after: Tensor<B, 4>) -> f64 {
+    let moved = norm(after - before.clone());
+    moved / norm(before).max(f64::MIN_POSITIVE)
+}
