@@ -143,7 +143,9 @@ proptest! {
 fn affine_matches_the_reference_values() {
     let (d, h) = (2, 2);
     let device = Default::default();
-    let cases: [(usize, [f64; 4], [f64; 4], [f64; 2]); 2] = [
+    // (layers, q, k, log-determinant per token)
+    type Case = (usize, [f64; 4], [f64; 4], [f64; 2]);
+    let cases: [Case; 2] = [
         (
             1,
             [0.793776648, -1.592118098, -2.279174265, -0.032011365],
