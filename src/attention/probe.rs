@@ -1,6 +1,7 @@
 //! What a layer's query-key dynamics do to one input, as numbers: shared by the coupled and the
 //! differential layer's probes.
 
+use crate::dynamics::QkDynamics;
 use burn::tensor::{ElementConversion, Tensor, backend::Backend};
 
 /// What a layer's dynamics did to one input, as numbers.
@@ -37,4 +38,16 @@ pub(crate) fn mean_entropy<B: Backend>(weights: Tensor<B, 4>) -> f64 {
 pub(crate) fn relative_change<B: Backend>(before: Tensor<B, 4>, after: Tensor<B, 4>) -> f64 {
     let moved = norm(after - before.clone());
     moved / norm(before).max(f64::MIN_POSITIVE)
+}
+
+/// The learned step sizes of integrated dynamics (one, or one per head); empty for the others.
+pub(crate) fn step_sizes<B: Backend>(dynamics: &QkDynamics<B>) -> Vec<f64> {
+    dynamics.step_size().map_or_else(Vec::new, |step| {
+        step.dt
+            .val()
+            .into_data()
+            .convert::<f64>()
+            .to_vec::<f64>()
+            .expect("dt converts to f64")
+    })
 }

@@ -4,7 +4,7 @@
 
 use super::CoupledQkAttention;
 use crate::attention::input::check_input;
-use crate::attention::probe::{DynamicsStats, mean_entropy, relative_change};
+use crate::attention::probe::{DynamicsStats, mean_entropy, relative_change, step_sizes};
 use crate::attention::sdpa::attention_weights;
 use crate::dynamics::{Identity, QkDynamics};
 use burn::tensor::{Tensor, backend::Backend};
@@ -63,18 +63,8 @@ impl<B: Backend> CoupledQkAttention<B> {
             let (q, k, _) = self.project_with(x.clone(), 0, dynamics);
             mean_entropy(attention_weights(q, k, None, self.causal))
         };
-        let dt = match self.dynamics.step_size() {
-            Some(step) => step
-                .dt
-                .val()
-                .into_data()
-                .convert::<f64>()
-                .to_vec::<f64>()
-                .expect("dt converts to f64"),
-            None => Vec::new(),
-        };
         DynamicsStats {
-            dt,
+            dt: step_sizes(&self.dynamics),
             q_change,
             k_change,
             entropy: entropy_with(&self.dynamics),

@@ -3,7 +3,7 @@
 
 use super::DifferentialAttention;
 use crate::attention::input::check_input;
-use crate::attention::probe::{DynamicsStats, mean_entropy, relative_change};
+use crate::attention::probe::{DynamicsStats, mean_entropy, relative_change, step_sizes};
 use crate::attention::sdpa::attention_weights;
 use crate::dynamics::{Identity, QkDynamics};
 use burn::tensor::{Tensor, backend::Backend};
@@ -28,18 +28,8 @@ impl<B: Backend> DifferentialAttention<B> {
         // of their difference: the moves are the dynamics' own either way.
         let q_change = relative_change(q0.clone(), q1.clone());
         let k_change = relative_change(k0.clone(), k1.clone());
-        let dt = match self.dynamics.step_size() {
-            Some(step) => step
-                .dt
-                .val()
-                .into_data()
-                .convert::<f64>()
-                .to_vec::<f64>()
-                .expect("dt converts to f64"),
-            None => Vec::new(),
-        };
         DynamicsStats {
-            dt,
+            dt: step_sizes(&self.dynamics),
             q_change,
             k_change,
             entropy: mean_entropy(attention_weights(q1, k1, None, self.causal)),
