@@ -51,3 +51,32 @@ pub(crate) fn step_sizes<B: Backend>(dynamics: &QkDynamics<B>) -> Vec<f64> {
             .expect("dt converts to f64")
     })
 }
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use crate::dynamics::QkDynamics;
+    use burn::module::Param;
+    use burn::nn::Linear;
+    use burn::tensor::backend::Backend;
+
+    /// Makes the key projection a copy of the query projection and the coupling force `f` zero,
+    /// so that one Euler step gives `q₁ = (1 + dt)·q₀`, `k₁ = k₀`: changes computable by hand.
+    ///
+    /// # Panics
+    /// If the dynamics are not integrated ones.
+    pub(crate) fn keys_equal_queries_and_no_force<B: Backend>(
+        query: &Linear<B>,
+        key: &mut Linear<B>,
+        dynamics: &mut QkDynamics<B>,
+    ) {
+        // The same weights (a clone of a lazily initialised parameter would draw its own).
+        key.weight = Param::from_tensor(query.weight.val());
+        key.bias = query.bias.as_ref().map(|b| Param::from_tensor(b.val()));
+        let QkDynamics::Coupled(dynamics) = dynamics else {
+            panic!("integrated dynamics expected")
+        };
+        let f = &mut dynamics.coupling;
+        f.w2 = Param::from_tensor(f.w2.val().zeros_like());
+        f.b2 = Param::from_tensor(f.b2.val().zeros_like());
+    }
+}

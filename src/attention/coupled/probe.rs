@@ -76,10 +76,10 @@ impl<B: Backend> CoupledQkAttention<B> {
 #[cfg(test)]
 mod tests {
     use crate::attention::CoupledQkAttentionConfig;
-    use crate::dynamics::{DynamicsConfig, QkDynamics};
+    use crate::attention::probe::tests::keys_equal_queries_and_no_force;
+    use crate::dynamics::DynamicsConfig;
     use crate::step_size::StepSizeConfig;
     use burn::backend::Flex;
-    use burn::module::Param;
     use burn::tensor::{Distribution, Tensor};
 
     type TestBackend = Flex;
@@ -94,19 +94,7 @@ mod tests {
             .with_dt(StepSizeConfig::new().with_init(0.25))
             .with_causal(true)
             .init::<TestBackend>(&device);
-        // The same weights (a clone of a lazily initialised parameter would draw its own).
-        layer.key.weight = Param::from_tensor(layer.query.weight.val());
-        layer.key.bias = layer
-            .query
-            .bias
-            .as_ref()
-            .map(|b| Param::from_tensor(b.val()));
-        let QkDynamics::Coupled(dynamics) = &mut layer.dynamics else {
-            unreachable!()
-        };
-        let f = &mut dynamics.coupling;
-        f.w2 = Param::from_tensor(f.w2.val().zeros_like());
-        f.b2 = Param::from_tensor(f.b2.val().zeros_like());
+        keys_equal_queries_and_no_force(&layer.query, &mut layer.key, &mut layer.dynamics);
         let x = Tensor::<TestBackend, 3>::random([2, 5, 8], Distribution::Default, &device);
         let stats = layer.dynamics_stats(x);
         assert_eq!(stats.dt, [0.25]);

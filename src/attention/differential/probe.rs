@@ -41,10 +41,10 @@ impl<B: Backend> DifferentialAttention<B> {
 #[cfg(test)]
 mod tests {
     use crate::attention::DifferentialAttentionConfig;
-    use crate::dynamics::{DynamicsConfig, QkDynamics};
+    use crate::attention::probe::tests::keys_equal_queries_and_no_force;
+    use crate::dynamics::DynamicsConfig;
     use crate::step_size::StepSizeConfig;
     use burn::backend::Flex;
-    use burn::module::Param;
     use burn::tensor::{Distribution, Tensor};
 
     type TestBackend = Flex;
@@ -58,18 +58,7 @@ mod tests {
             .with_dynamics(DynamicsConfig::euler(1))
             .with_dt(StepSizeConfig::new().with_init(0.25))
             .init::<TestBackend>(&device);
-        layer.key.weight = Param::from_tensor(layer.query.weight.val());
-        layer.key.bias = layer
-            .query
-            .bias
-            .as_ref()
-            .map(|b| Param::from_tensor(b.val()));
-        let QkDynamics::Coupled(dynamics) = &mut layer.dynamics else {
-            unreachable!()
-        };
-        let f = &mut dynamics.coupling;
-        f.w2 = Param::from_tensor(f.w2.val().zeros_like());
-        f.b2 = Param::from_tensor(f.b2.val().zeros_like());
+        keys_equal_queries_and_no_force(&layer.query, &mut layer.key, &mut layer.dynamics);
         let x = Tensor::<TestBackend, 3>::random([2, 5, 8], Distribution::Default, &device);
         let stats = layer.dynamics_stats(x);
         assert_eq!(stats.dt, [0.25]);
