@@ -874,6 +874,15 @@ fn a_run_folder_loads_for_inference_and_generates() {
     );
     let err = load_trained::<Flex>(&dir.join("checkpoints"), &device).unwrap_err();
     assert!(err.to_string().contains("config.json"), "{err}");
+    // A config.json from before the corpus hashes were recorded loads too.
+    let path = dir.join("config.json");
+    let mut json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let recorded = json["corpus"].as_object_mut().unwrap();
+    assert!(recorded.remove("train_hash").is_some() && recorded.remove("valid_hash").is_some());
+    std::fs::write(&path, json.to_string()).unwrap();
+    let (_, config, _) = load_trained::<Flex>(&dir, &device).unwrap();
+    assert_eq!(config.corpus.train_hash, None);
 }
 
 #[test]

@@ -281,10 +281,13 @@ pub struct CorpusInfo {
     /// Tokens in the validation stream.
     pub valid_tokens: usize,
     /// XXH64 of the training ids (as little-endian u32s), hex: an edited corpus of the same
-    /// length is another corpus.
-    pub train_hash: String,
+    /// length is another corpus. `None` in a `config.json` written before the hashes were
+    /// recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub train_hash: Option<String>,
     /// The same of the validation ids.
-    pub valid_hash: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub valid_hash: Option<String>,
 }
 
 impl RunConfig {
@@ -298,8 +301,8 @@ impl RunConfig {
                 vocab_size: corpus.vocab_size,
                 train_tokens: corpus.train.len(),
                 valid_tokens: corpus.valid.len(),
-                train_hash: ids_hash(&corpus.train.ids),
-                valid_hash: ids_hash(&corpus.valid.ids),
+                train_hash: Some(ids_hash(&corpus.train.ids)),
+                valid_hash: Some(ids_hash(&corpus.valid.ids)),
             },
             changes: Vec::new(),
             backend: None,

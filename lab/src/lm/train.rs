@@ -71,7 +71,7 @@ pub struct RunSummary {
     pub extra_params: usize,
     /// The checkpoint step this invocation resumed from.
     pub resumed_from: Option<usize>,
-    /// What each coupled layer's dynamics did at the last evaluation (see `dynamics.csv`).
+    /// What each layer's dynamics did at the last evaluation (see `dynamics.csv`).
     #[serde(default)]
     pub dynamics: Vec<super::DynamicsRow>,
 }

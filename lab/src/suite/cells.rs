@@ -49,8 +49,8 @@ pub struct CellResult {
     pub extra_params: usize,
     /// The validation curve.
     pub curve: Vec<CurvePoint>,
-    /// What each coupled layer's dynamics did at the last evaluation (empty for standard and
-    /// differential attention).
+    /// What each layer's dynamics did at the last evaluation, a row per layer (standard and
+    /// plain differential attention move nothing).
     #[serde(default)]
     pub dynamics: Vec<DynamicsRow>,
     /// The run folder.

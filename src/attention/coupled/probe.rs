@@ -10,7 +10,8 @@ use crate::dynamics::{Identity, QkDynamics};
 use burn::tensor::{Tensor, backend::Backend};
 
 /// A layer's queries and keys for one input, before and after its dynamics (without the rotary
-/// embedding).
+/// embedding: a layer that rotates before its dynamics evolves the rotated ones, which
+/// [`CoupledQkAttention::dynamics_stats`] measures).
 ///
 /// # Shapes
 /// Each `[batch, seq, heads, d_head]`.
@@ -56,19 +57,18 @@ impl<B: Backend> CoupledQkAttention<B> {
     /// # Panics
     /// If `x` is not `[batch, seq, d_model]`.
     pub fn dynamics_stats(&self, x: Tensor<B, 3>) -> DynamicsStats {
-        let states = self.qk_states(x.clone());
-        let q_change = relative_change(states.q, states.q_evolved);
-        let k_change = relative_change(states.k, states.k_evolved);
-        let entropy_with = |dynamics: &QkDynamics<B>| {
-            let (q, k, _) = self.project_with(x.clone(), 0, dynamics);
-            mean_entropy(attention_weights(q, k, None, self.causal))
-        };
+        check_input("CoupledQkAttention::dynamics_stats", &x, self.d_model());
+        let standard = QkDynamics::Standard(Identity);
+        let (q0, k0, _) = self.project_with(x.clone(), 0, &standard);
+        let (q1, k1, _) = self.project_with(x, 0, &self.dynamics);
+        // The states the layer scores: with the rotary embedding before the dynamics, these evolve
+        // rotated; after them, both sides are rotated alike, which keeps the norms of the moves.
         DynamicsStats {
             dt: step_sizes(&self.dynamics),
-            q_change,
-            k_change,
-            entropy: entropy_with(&self.dynamics),
-            entropy_standard: entropy_with(&QkDynamics::Standard(Identity)),
+            q_change: relative_change(q0.clone(), q1.clone()),
+            k_change: relative_change(k0.clone(), k1.clone()),
+            entropy: mean_entropy(attention_weights(q1, k1, None, self.causal)),
+            entropy_standard: mean_entropy(attention_weights(q0, k0, None, self.causal)),
         }
     }
 }
@@ -77,6 +77,7 @@ impl<B: Backend> CoupledQkAttention<B> {
 mod tests {
     use crate::attention::CoupledQkAttentionConfig;
     use crate::attention::probe::tests::keys_equal_queries_and_no_force;
+    use crate::attention::{RotaryConfig, RotaryPosition};
     use crate::dynamics::DynamicsConfig;
     use crate::step_size::StepSizeConfig;
     use burn::backend::Flex;
@@ -84,27 +85,48 @@ mod tests {
 
     type TestBackend = Flex;
 
+    fn rotaries() -> [Option<RotaryConfig>; 3] {
+        [
+            None,
+            Some(RotaryConfig::new(16).with_position(RotaryPosition::BeforeDynamics)),
+            Some(RotaryConfig::new(16).with_position(RotaryPosition::AfterDynamics)),
+        ]
+    }
+
     /// One Euler step with `f = 0` and keys equal to queries: `q₁ = q₀ + dt·k₀ = (1 + dt)·q₀`,
-    /// `k₁ = k₀`, so the query moves by exactly `dt` of its size and the key not at all.
+    /// `k₁ = k₀`, so the query moves by exactly `dt` of its size and the key not at all, wherever
+    /// the rotary embedding acts (it rotates queries and keys alike).
     #[test]
     fn known_dt_and_force_give_the_changes_by_hand() {
         let device = Default::default();
-        let mut layer = CoupledQkAttentionConfig::new(8, 2)
-            .with_dynamics(DynamicsConfig::euler(1))
-            .with_dt(StepSizeConfig::new().with_init(0.25))
-            .with_causal(true)
-            .init::<TestBackend>(&device);
-        keys_equal_queries_and_no_force(&layer.query, &mut layer.key, &mut layer.dynamics);
-        let x = Tensor::<TestBackend, 3>::random([2, 5, 8], Distribution::Default, &device);
-        let stats = layer.dynamics_stats(x);
-        assert_eq!(stats.dt, [0.25]);
-        assert!((stats.q_change - 0.25).abs() < 1e-6, "{stats:?}");
-        assert!(stats.k_change.abs() < 1e-7, "{stats:?}");
-        // Scores scale by 1 + dt: sharper rows, lower entropy.
-        assert!(stats.entropy < stats.entropy_standard, "{stats:?}");
-        // Five causal rows of 1..5 keys: the entropy is at most the mean of ln(1..5).
-        let bound = (1..=5).map(|n| (n as f64).ln()).sum::<f64>() / 5.0;
-        assert!(stats.entropy_standard <= bound + 1e-6, "{stats:?}");
+        for rotary in rotaries() {
+            let mut layer = CoupledQkAttentionConfig::new(8, 2)
+                .with_dynamics(DynamicsConfig::euler(1))
+                .with_dt(StepSizeConfig::new().with_init(0.25))
+                .with_rotary(rotary.clone())
+                .with_causal(true)
+                .init::<TestBackend>(&device);
+            keys_equal_queries_and_no_force(&layer.query, &mut layer.key, &mut layer.dynamics);
+            let x = Tensor::<TestBackend, 3>::random([2, 5, 8], Distribution::Default, &device);
+            let stats = layer.dynamics_stats(x);
+            assert_eq!(stats.dt, [0.25]);
+            assert!(
+                (stats.q_change - 0.25).abs() < 1e-6,
+                "{rotary:?}: {stats:?}"
+            );
+            assert!(stats.k_change.abs() < 1e-7, "{rotary:?}: {stats:?}");
+            // Scores scale by 1 + dt: sharper rows, lower entropy.
+            assert!(
+                stats.entropy < stats.entropy_standard,
+                "{rotary:?}: {stats:?}"
+            );
+            // Five causal rows of 1..5 keys: the entropy is at most the mean of ln(1..5).
+            let bound = (1..=5).map(|n| (n as f64).ln()).sum::<f64>() / 5.0;
+            assert!(
+                stats.entropy_standard <= bound + 1e-6,
+                "{rotary:?}: {stats:?}"
+            );
+        }
     }
 
     #[test]

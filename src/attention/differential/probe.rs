@@ -42,6 +42,7 @@ impl<B: Backend> DifferentialAttention<B> {
 mod tests {
     use crate::attention::DifferentialAttentionConfig;
     use crate::attention::probe::tests::keys_equal_queries_and_no_force;
+    use crate::attention::{RotaryConfig, RotaryPosition};
     use crate::dynamics::DynamicsConfig;
     use crate::step_size::StepSizeConfig;
     use burn::backend::Flex;
@@ -49,23 +50,41 @@ mod tests {
 
     type TestBackend = Flex;
 
+    fn rotaries() -> [Option<RotaryConfig>; 3] {
+        [
+            None,
+            Some(RotaryConfig::new(16).with_position(RotaryPosition::BeforeDynamics)),
+            Some(RotaryConfig::new(16).with_position(RotaryPosition::AfterDynamics)),
+        ]
+    }
+
     /// One Euler step with `f = 0` and key maps equal to query maps: `q₁ = (1 + dt)·q₀`,
-    /// `k₁ = k₀`, so the queries move by exactly `dt` of their size and the keys not at all.
+    /// `k₁ = k₀`, so the queries move by exactly `dt` of their size and the keys not at all, wherever
+    /// the rotary embedding acts (it rotates queries and keys alike).
     #[test]
     fn known_dt_and_force_give_the_changes_by_hand() {
         let device = Default::default();
-        let mut layer = DifferentialAttentionConfig::new(8, 2)
-            .with_dynamics(DynamicsConfig::euler(1))
-            .with_dt(StepSizeConfig::new().with_init(0.25))
-            .init::<TestBackend>(&device);
-        keys_equal_queries_and_no_force(&layer.query, &mut layer.key, &mut layer.dynamics);
-        let x = Tensor::<TestBackend, 3>::random([2, 5, 8], Distribution::Default, &device);
-        let stats = layer.dynamics_stats(x);
-        assert_eq!(stats.dt, [0.25]);
-        assert!((stats.q_change - 0.25).abs() < 1e-6, "{stats:?}");
-        assert!(stats.k_change.abs() < 1e-7, "{stats:?}");
-        // Scores scale by 1 + dt: sharper rows, lower entropy.
-        assert!(stats.entropy < stats.entropy_standard, "{stats:?}");
+        for rotary in rotaries() {
+            let mut layer = DifferentialAttentionConfig::new(8, 2)
+                .with_dynamics(DynamicsConfig::euler(1))
+                .with_dt(StepSizeConfig::new().with_init(0.25))
+                .with_rotary(rotary.clone())
+                .init::<TestBackend>(&device);
+            keys_equal_queries_and_no_force(&layer.query, &mut layer.key, &mut layer.dynamics);
+            let x = Tensor::<TestBackend, 3>::random([2, 5, 8], Distribution::Default, &device);
+            let stats = layer.dynamics_stats(x);
+            assert_eq!(stats.dt, [0.25]);
+            assert!(
+                (stats.q_change - 0.25).abs() < 1e-6,
+                "{rotary:?}: {stats:?}"
+            );
+            assert!(stats.k_change.abs() < 1e-7, "{rotary:?}: {stats:?}");
+            // Scores scale by 1 + dt: sharper rows, lower entropy.
+            assert!(
+                stats.entropy < stats.entropy_standard,
+                "{rotary:?}: {stats:?}"
+            );
+        }
     }
 
     #[test]
