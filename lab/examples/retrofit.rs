@@ -16,15 +16,14 @@
 //! Writes the usual run folder (config.json, which records the starting weights, metrics.csv,
 //! summary.json, checkpoints/); `--resume` continues it.
 
-use burn::tensor::backend::AutodiffBackend;
 use clap::Parser;
 use coupled_qk::model::AttentionVariant;
 use coupled_qk::{DynamicsConfig, StepSizeConfig};
-use coupled_qk_lab::backend::{BackendChoice, MultiDeviceTask, dispatch_devices};
+use coupled_qk_lab::backend::{BackendChoice, dispatch_devices};
 use coupled_qk_lab::data::{
-    CorpusSource, Hub, LoadOptions, SplitOptions, TokenizedCorpus, TokenizerKind, load_corpus,
+    CorpusSource, Hub, LoadOptions, SplitOptions, TokenizerKind, load_corpus,
 };
-use coupled_qk_lab::lm::{InitWeights, RunOptions, TrainConfig, train_on_devices};
+use coupled_qk_lab::lm::{InitWeights, RunOptions, TrainConfig, TrainingRun};
 use coupled_qk_lab::pretrained::Gpt2Checkpoint;
 use std::path::PathBuf;
 
@@ -191,10 +190,11 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         corpus.name,
         out.display()
     );
-    let task = FineTune {
+    let task = TrainingRun {
         config,
         corpus,
         out,
+        cpu_note: None,
         options: RunOptions {
             resume: args.resume,
             force: args.force,
@@ -202,31 +202,4 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         },
     };
     dispatch_devices(args.backend, usize::from(args.devices), task)?
-}
-
-struct FineTune {
-    config: TrainConfig,
-    corpus: TokenizedCorpus,
-    out: PathBuf,
-    options: RunOptions,
-}
-
-impl MultiDeviceTask for FineTune {
-    type Output = Result<(), Box<dyn std::error::Error>>;
-    fn run<B: AutodiffBackend>(
-        self,
-        devices: Vec<B::Device>,
-        _name: &'static str,
-        _gpu: bool,
-    ) -> Self::Output {
-        let summary = train_on_devices::<B>(
-            &self.config,
-            &self.corpus,
-            &self.out,
-            &self.options,
-            &devices,
-        )?;
-        println!("{}", serde_json::to_string_pretty(&summary)?);
-        Ok(())
-    }
 }

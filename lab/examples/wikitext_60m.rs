@@ -14,14 +14,11 @@
 //! Defaults and which of them the paper states: docs/reproducing.md. Outputs (config.json,
 //! metrics.csv, summary.json, loss.svg, checkpoints/) go to `--out`; `--resume` continues a run.
 
-use burn::tensor::backend::AutodiffBackend;
 use clap::Parser;
 use coupled_qk::model::{AttentionVariant, GptConfig, Preset};
-use coupled_qk_lab::backend::{BackendChoice, MultiDeviceTask, dispatch_devices};
-use coupled_qk_lab::data::{
-    CorpusSource, LoadOptions, SplitOptions, TokenizedCorpus, TokenizerKind, load_corpus,
-};
-use coupled_qk_lab::lm::{RunOptions, TrainConfig, train_on_devices};
+use coupled_qk_lab::backend::{BackendChoice, dispatch_devices};
+use coupled_qk_lab::data::{CorpusSource, LoadOptions, SplitOptions, TokenizerKind, load_corpus};
+use coupled_qk_lab::lm::{RunOptions, TrainConfig, TrainingRun};
 use std::path::PathBuf;
 
 #[derive(Parser, Debug)]
@@ -261,10 +258,18 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         (config.max_steps as u64 * config.tokens_per_step()) as f64 / 1e6,
         out.display()
     );
-    let task = Train {
+    let cpu_note = (args.preset != Preset::Tiny).then(|| {
+        format!(
+            "training the {} preset on the CPU: the progress bar's ETA shows how long the full \
+             budget would take; build with --features cuda on a GPU machine for real runs",
+            preset_name(args.preset)
+        )
+    });
+    let task = TrainingRun {
         config,
         corpus,
         out,
+        cpu_note,
         options: RunOptions {
             resume: args.resume,
             stop_at: args.stop_at,
@@ -284,7 +289,6 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             .collect(),
             ..RunOptions::default()
         },
-        preset: args.preset,
     };
     dispatch_devices(args.backend, usize::from(args.devices), task)?
 }
@@ -295,40 +299,5 @@ fn preset_name(preset: Preset) -> &'static str {
         Preset::M60 => "60m",
         Preset::M150 => "150m",
         Preset::M350 => "350m",
-    }
-}
-
-struct Train {
-    config: TrainConfig,
-    corpus: TokenizedCorpus,
-    out: PathBuf,
-    options: RunOptions,
-    preset: Preset,
-}
-
-impl MultiDeviceTask for Train {
-    type Output = Result<(), Box<dyn std::error::Error>>;
-    fn run<B: AutodiffBackend>(
-        self,
-        devices: Vec<B::Device>,
-        _name: &'static str,
-        gpu: bool,
-    ) -> Self::Output {
-        if !gpu && self.preset != Preset::Tiny {
-            eprintln!(
-                "note: training the {} preset on the CPU: the progress bar's ETA shows how long the full budget \
-                 would take; build with --features cuda on a GPU machine for real runs",
-                preset_name(self.preset)
-            );
-        }
-        let summary = train_on_devices::<B>(
-            &self.config,
-            &self.corpus,
-            &self.out,
-            &self.options,
-            &devices,
-        )?;
-        println!("{}", serde_json::to_string_pretty(&summary)?);
-        Ok(())
     }
 }

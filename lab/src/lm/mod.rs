@@ -11,6 +11,7 @@ mod eval;
 mod metrics;
 mod parallel;
 mod plot;
+mod task;
 mod train;
 mod trainer;
 
@@ -29,5 +30,6 @@ pub use eval::{Validation, batch_loss, batch_nats, batch_tensors, evaluate};
 pub use metrics::{HEADER, MetricsLog, MetricsRow, read_metrics, read_metrics_until};
 pub use parallel::{batch_gradients, sharded_gradients};
 pub use plot::write_loss_plot;
+pub use task::TrainingRun;
 pub use train::{RunOptions, RunSummary, train, train_on_devices, train_with};
 pub use trainer::Trainer;
