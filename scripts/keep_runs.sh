@@ -33,3 +33,8 @@ while IFS= read -r summary; do
   kept=$((kept + 1))
 done < <(find "$src" -name summary.json -not -path '*/checkpoints/*' | sort)
 echo "keep_runs: $kept finished runs from $src kept in $dest"
+# A kept record that git ignores would be lost with the checkout: say so instead of failing quietly.
+if [ "$kept" -gt 0 ] && git rev-parse --is-inside-work-tree >/dev/null 2>&1 \
+  && git check-ignore -q "$(find "$dest" -name summary.json | head -n 1)" 2>/dev/null; then
+  echo "keep_runs: warning: git ignores $dest (see .gitignore): commit will not include it" >&2
+fi
