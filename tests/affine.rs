@@ -29,6 +29,7 @@ fn coupling<B: burn::tensor::backend::Backend>(
     AffineCoupling {
         layers,
         scale_bound: SCALE_BOUND,
+        coupled: true,
     }
 }
 

@@ -55,6 +55,7 @@ fn variants() -> Vec<AttentionVariant> {
         DynamicsConfig::leapfrog(1),
         DynamicsConfig::leapfrog(3),
         DynamicsConfig::affine(2),
+        DynamicsConfig::affine_uncoupled(1),
     ]
     .into_iter()
     .map(AttentionVariant::Coupled)

@@ -31,6 +31,7 @@ fn variants() -> Vec<DynamicsConfig> {
         DynamicsConfig::leapfrog(1),
         DynamicsConfig::leapfrog(3),
         DynamicsConfig::affine(2),
+        DynamicsConfig::affine_uncoupled(1),
     ]
 }
 
@@ -123,18 +124,21 @@ proptest! {
         assert_equal(mlp.forward(x.clone()), as_standard(&mlp).forward(x));
     }
 
-    /// The affine coupling as initialised (zero output layers) is standard attention, exactly.
+    /// The affine coupling and its uncoupled control as initialised (zero output layers) are
+    /// standard attention, exactly.
     #[test]
     fn a_fresh_affine_coupling_is_standard_attention(seed in 0u64..1000, seq in 1usize..9, layers in 1usize..3) {
         use burn::tensor::backend::Backend;
         let device = Default::default();
-        B::seed(&device, seed);
-        let affine = CoupledQkAttentionConfig::new(16, 2)
-            .with_dynamics(DynamicsConfig::affine(layers))
-            .with_causal(true)
-            .init::<B>(&device);
-        let x = random([2, seq, 16], seed + 1);
-        assert_equal(affine.forward(x.clone()), as_standard(&affine).forward(x));
+        for dynamics in [DynamicsConfig::affine(layers), DynamicsConfig::affine_uncoupled(layers)] {
+            B::seed(&device, seed);
+            let affine = CoupledQkAttentionConfig::new(16, 2)
+                .with_dynamics(dynamics)
+                .with_causal(true)
+                .init::<B>(&device);
+            let x = random([2, seq, 16], seed + 1);
+            assert_equal(affine.forward(x.clone()), as_standard(&affine).forward(x));
+        }
     }
 
     /// With the causal mask, the output at t does not depend on tokens after t.
@@ -266,6 +270,14 @@ fn extra_parameters_are_the_coupling_net_and_dt() {
     assert_eq!(mlp.extra_num_params(), net);
     assert_eq!(per_head.extra_num_params(), 9 * net + 9);
     assert_eq!(euler.num_params(), standard.num_params() + net + 1);
+    // The affine coupling's control has its parameters exactly: four nets a layer.
+    for dynamics in [
+        DynamicsConfig::affine(2),
+        DynamicsConfig::affine_uncoupled(2),
+    ] {
+        let layer = config.clone().with_dynamics(dynamics).init::<B>(&device);
+        assert_eq!(layer.extra_num_params(), 2 * 4 * net);
+    }
 }
 
 #[test]

@@ -241,6 +241,8 @@ fn coupled_differential_attention_is_paired_with_standard_and_with_plain_diff() 
         cell("diff", 0, f64::exp(2.8)),
         cell("euler1", 0, f64::exp(2.9)),
         cell("diff+euler1", 0, f64::exp(2.5)),
+        cell("affine1", 0, f64::exp(2.7)),
+        cell("affine-uncoupled1", 0, f64::exp(2.75)),
     ];
     let p = paired_to_baselines(&results);
     let found: Vec<(&str, &str)> = p
@@ -253,10 +255,14 @@ fn coupled_differential_attention_is_paired_with_standard_and_with_plain_diff() 
             ("diff", "standard"),
             ("euler1", "standard"),
             ("diff+euler1", "standard"),
+            ("affine1", "standard"),
+            ("affine-uncoupled1", "standard"),
             ("diff+euler1", "diff"),
+            ("affine1", "affine-uncoupled1"),
         ]
     );
-    assert!((p[3].mean_diff + 0.3).abs() < 1e-12 && (p[2].mean_diff + 0.5).abs() < 1e-12);
+    assert!((p[5].mean_diff + 0.3).abs() < 1e-12 && (p[2].mean_diff + 0.5).abs() < 1e-12);
+    assert!((p[6].mean_diff + 0.05).abs() < 1e-12, "{}", p[6].mean_diff);
 }
 
 #[test]

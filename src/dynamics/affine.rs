@@ -16,6 +16,19 @@
 //!
 //! The paper does not publish its scale bound, net sizes or number of layers; these defaults are
 //! this crate's.
+//!
+//! **The uncoupled control** ([`AffineCoupling::coupled`] `false`, the variant
+//! `affine-uncoupled`) has the same four nets and bounded scales per layer, but moves each of `q`
+//! and `k` by a function of itself, with no exchange between them:
+//!
+//! ```text
+//! k ← k ⊙ exp(s₁(k)) + t₁(k)        then        q ← q ⊙ exp(s₂(q)) + t₂(q)
+//! ```
+//!
+//! It is the affine family's counterpart of the paper's MLP-only control: the same parameters and
+//! the same identity at initialisation, so a gain of the coupling over it is the exchange itself,
+//! not capacity. It is not invertible in closed form, and has no [`inverse`](AffineCoupling::inverse)
+//! or log-determinant.
 
 use super::super::coupling::{CouplingNet, CouplingNetConfig};
 use crate::error::ConfigError;
@@ -40,7 +53,8 @@ pub struct AffineLayer<B: Backend> {
     pub query_shift: CouplingNet<B>,
 }
 
-/// The invertible affine coupling of a layer's queries and keys (see the module docs).
+/// The invertible affine coupling of a layer's queries and keys, or its uncoupled control (see
+/// the module docs).
 ///
 /// # Params
 /// Four [`CouplingNet`]s per layer (shared by the heads, or one per head).
@@ -50,13 +64,18 @@ pub struct AffineCoupling<B: Backend> {
     pub layers: Vec<AffineLayer<B>>,
     /// The bound `B` of the log-scales, `s = B·tanh(raw/B)`.
     pub scale_bound: f64,
+    /// Whether keys are moved by nets of the queries and queries by nets of the keys (the
+    /// coupling), or each by nets of itself (the uncoupled control).
+    pub coupled: bool,
 }
 
 impl<B: Backend> AffineCoupling<B> {
     /// `layers` affine layers of nets shaped by `coupling`, their output layers zero (the
-    /// identity), the scales bounded by [`SCALE_BOUND`].
+    /// identity), the scales bounded by [`SCALE_BOUND`]; `coupled` chooses the coupling or the
+    /// uncoupled control.
     pub fn try_init(
         layers: usize,
+        coupled: bool,
         coupling: &CouplingNetConfig,
         device: &B::Device,
     ) -> Result<Self, ConfigError> {
@@ -80,6 +99,7 @@ impl<B: Backend> AffineCoupling<B> {
         Ok(Self {
             layers,
             scale_bound: SCALE_BOUND,
+            coupled,
         })
     }
 
@@ -106,11 +126,18 @@ impl<B: Backend> AffineCoupling<B> {
     ///
     /// # Shapes
     /// - `q`, `k`: `[batch, seq, heads, d_head]`; log-determinant: `[batch, seq, heads]`
+    ///
+    /// # Panics
+    /// For the uncoupled control, whose Jacobian is not triangular.
     pub fn forward_with_log_det(
         &self,
         q: Tensor<B, 4>,
         k: Tensor<B, 4>,
     ) -> (Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 3>) {
+        assert!(
+            self.coupled,
+            "forward_with_log_det: the uncoupled control's log-determinant is not Σ s"
+        );
         let (q, k, log_det) = self.run(q, k, true);
         (q, k, log_det.expect("asked for"))
     }
@@ -125,10 +152,13 @@ impl<B: Backend> AffineCoupling<B> {
         let mut log_det =
             with_log_det.then(|| q.clone().zeros_like().sum_dim(3).squeeze_dim::<3>(3));
         for layer in &self.layers {
-            let s1 = self.log_scale(&layer.key_scale, q.clone());
-            k = k * s1.clone().exp() + layer.key_shift.forward(q.clone());
-            let s2 = self.log_scale(&layer.query_scale, k.clone());
-            q = q * s2.clone().exp() + layer.query_shift.forward(k.clone());
+            // The coupling moves each of k, q by nets of the other; the control by nets of itself.
+            let by = if self.coupled { q.clone() } else { k.clone() };
+            let s1 = self.log_scale(&layer.key_scale, by.clone());
+            k = k * s1.clone().exp() + layer.key_shift.forward(by);
+            let by = if self.coupled { k.clone() } else { q.clone() };
+            let s2 = self.log_scale(&layer.query_scale, by.clone());
+            q = q * s2.clone().exp() + layer.query_shift.forward(by);
             if let Some(total) = log_det.take() {
                 let sum = |s: Tensor<B, 4>| s.sum_dim(3).squeeze_dim::<3>(3);
                 log_det = Some(total + sum(s1) + sum(s2));
@@ -141,11 +171,18 @@ impl<B: Backend> AffineCoupling<B> {
     ///
     /// # Shapes
     /// - `q`, `k`: `[batch, seq, heads, d_head]`, and the same on output.
+    ///
+    /// # Panics
+    /// For the uncoupled control, which has no inverse in closed form.
     pub fn inverse(
         &self,
         mut q: Tensor<B, 4>,
         mut k: Tensor<B, 4>,
     ) -> (Tensor<B, 4>, Tensor<B, 4>) {
+        assert!(
+            self.coupled,
+            "inverse: the uncoupled control has no inverse in closed form"
+        );
         for layer in self.layers.iter().rev() {
             let s2 = self.log_scale(&layer.query_scale, k.clone());
             q = (q - layer.query_shift.forward(k.clone())) * s2.neg().exp();
@@ -184,17 +221,26 @@ mod tests {
     #[test]
     fn at_initialisation_it_is_the_identity_exactly() {
         let device = Default::default();
-        let coupling =
-            AffineCoupling::<TestBackend>::try_init(2, &CouplingNetConfig::new(4), &device)
-                .unwrap();
         let q = Tensor::<TestBackend, 4>::random([2, 3, 2, 4], Distribution::Default, &device);
         let k = Tensor::<TestBackend, 4>::random([2, 3, 2, 4], Distribution::Default, &device);
-        let (q1, k1, log_det) = coupling.forward_with_log_det(q.clone(), k.clone());
-        q1.into_data().assert_eq(&q.into_data(), true);
-        k1.into_data().assert_eq(&k.into_data(), true);
-        log_det
-            .into_data()
-            .assert_eq(&TensorData::zeros::<f32, _>([2, 3, 2]), true);
+        for coupled in [true, false] {
+            let coupling = AffineCoupling::<TestBackend>::try_init(
+                2,
+                coupled,
+                &CouplingNetConfig::new(4),
+                &device,
+            )
+            .unwrap();
+            let (q1, k1) = coupling.forward(q.clone(), k.clone());
+            q1.into_data().assert_eq(&q.clone().into_data(), true);
+            k1.into_data().assert_eq(&k.clone().into_data(), true);
+            if coupled {
+                let (_, _, log_det) = coupling.forward_with_log_det(q.clone(), k.clone());
+                log_det
+                    .into_data()
+                    .assert_eq(&TensorData::zeros::<f32, _>([2, 3, 2]), true);
+            }
+        }
     }
 
     #[test]
@@ -202,8 +248,9 @@ mod tests {
         let device = Default::default();
         for n_nets in [1, 2] {
             let config = CouplingNetConfig::new(4).with_n_nets(n_nets);
-            let coupling =
-                random_nets(AffineCoupling::<TestBackend>::try_init(3, &config, &device).unwrap());
+            let coupling = random_nets(
+                AffineCoupling::<TestBackend>::try_init(3, true, &config, &device).unwrap(),
+            );
             let q = Tensor::<TestBackend, 4>::random([2, 5, 2, 4], Distribution::Default, &device);
             let k = Tensor::<TestBackend, 4>::random([2, 5, 2, 4], Distribution::Default, &device);
             let (q1, k1) = coupling.forward(q.clone(), k.clone());
@@ -213,6 +260,38 @@ mod tests {
             let tol = Tolerance::absolute(1e-5);
             q0.into_data().assert_approx_eq::<f32>(&q.into_data(), tol);
             k0.into_data().assert_approx_eq::<f32>(&k.into_data(), tol);
+        }
+    }
+
+    #[test]
+    fn the_uncoupled_control_moves_each_of_q_and_k_by_itself_alone() {
+        // With random nets, the control's new k depends on k only and its new q on q only; the
+        // coupling's depend on the other. Perturbing one input shows which.
+        let device = Default::default();
+        let q = Tensor::<TestBackend, 4>::random([1, 4, 2, 4], Distribution::Default, &device);
+        let k = Tensor::<TestBackend, 4>::random([1, 4, 2, 4], Distribution::Default, &device);
+        let bump = Tensor::<TestBackend, 4>::random([1, 4, 2, 4], Distribution::Default, &device);
+        let config = CouplingNetConfig::new(4);
+        let change = |a: Tensor<TestBackend, 4>, b: Tensor<TestBackend, 4>| {
+            (a - b).abs().max().into_scalar()
+        };
+        for coupled in [true, false] {
+            let c = random_nets(
+                AffineCoupling::<TestBackend>::try_init(1, coupled, &config, &device).unwrap(),
+            );
+            let (q1, k1) = c.forward(q.clone(), k.clone());
+            let (q_of_k, _) = c.forward(q.clone(), k.clone() + bump.clone());
+            let (_, k_of_q) = c.forward(q.clone() + bump.clone(), k.clone());
+            let (q_moved, k_moved) = (change(q_of_k, q1), change(k_of_q, k1));
+            if coupled {
+                assert!(q_moved > 1e-3 && k_moved > 1e-3, "{q_moved} {k_moved}");
+            } else {
+                assert_eq!(
+                    (q_moved, k_moved),
+                    (0.0, 0.0),
+                    "no exchange between q and k"
+                );
+            }
         }
     }
 }

@@ -11,7 +11,8 @@ use std::str::FromStr;
 ///
 /// Named (by [`Display`](fmt::Display) and [`FromStr`], and serialised as that name):
 /// `standard`, `mlp-only`, a coupled variant with its step count (`euler1`, `leapfrog3`, …) and
-/// the affine coupling with its layer count (`affine1`, `affine2`, …). Parsing also takes
+/// the affine coupling with its layer count (`affine1`, `affine2`, …) and its uncoupled control
+/// (`affine-uncoupled1`, …). Parsing also takes
 /// `euler`, `leapfrog` and `affine` for one step or layer, and `hamiltonian` for leapfrog (the
 /// paper's word for it).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -22,9 +23,14 @@ pub enum DynamicsConfig {
     MlpOnly,
     /// The invertible affine coupling of `q` and `k` (RealNVP-style, `layers` alternating maps;
     /// see [`AffineCoupling`](super::AffineCoupling)): standard attention at initialisation.
+    /// With `coupled` false, its control of the same size: each of `q`, `k` moved by nets of
+    /// itself, no exchange.
     Affine {
         /// How many layers (each moves `k`, then `q`).
         layers: usize,
+        /// Whether `k` is moved by nets of `q` and `q` by nets of `k` (`affine`), or each by nets
+        /// of itself (`affine-uncoupled`).
+        coupled: bool,
     },
     /// The coupled dynamics `dq/dt = k`, `dk/dt = f(q)`, integrated for `steps` steps.
     Coupled {
@@ -47,7 +53,14 @@ impl Default for DynamicsConfig {
 impl DynamicsConfig {
     /// The names [`FromStr`] takes, as a user would write them (`euler` and `leapfrog` take a step
     /// count: `euler3`).
-    pub const NAMES: [&'static str; 5] = ["standard", "mlp-only", "euler", "leapfrog", "affine"];
+    pub const NAMES: [&'static str; 6] = [
+        "standard",
+        "mlp-only",
+        "euler",
+        "leapfrog",
+        "affine",
+        "affine-uncoupled",
+    ];
 
     /// `steps` forward-Euler steps.
     pub fn euler(steps: usize) -> Self {
@@ -59,7 +72,19 @@ impl DynamicsConfig {
 
     /// The affine coupling with `layers` layers.
     pub fn affine(layers: usize) -> Self {
-        Self::Affine { layers }
+        Self::Affine {
+            layers,
+            coupled: true,
+        }
+    }
+
+    /// The affine coupling's uncoupled control with `layers` layers: the same nets, each of `q`
+    /// and `k` moved by a function of itself.
+    pub fn affine_uncoupled(layers: usize) -> Self {
+        Self::Affine {
+            layers,
+            coupled: false,
+        }
     }
 
     /// `steps` leapfrog steps.
@@ -86,7 +111,7 @@ impl DynamicsConfig {
     /// Checks the step or layer count.
     pub fn validate(&self) -> Result<(), ConfigError> {
         match self {
-            Self::Affine { layers: 0 } => Err(ConfigError::new(
+            Self::Affine { layers: 0, .. } => Err(ConfigError::new(
                 "DynamicsConfig",
                 "layers",
                 0,
@@ -107,15 +132,23 @@ impl DynamicsConfig {
 /// coupled variants take.
 const INTEGRATORS: [IntegratorKind; 2] = [IntegratorKind::Euler, IntegratorKind::Leapfrog];
 
-/// The affine coupling's name.
+/// The affine coupling's name, and its uncoupled control's.
 const AFFINE: &str = "affine";
+const AFFINE_UNCOUPLED: &str = "affine-uncoupled";
 
 impl fmt::Display for DynamicsConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Standard => f.write_str("standard"),
             Self::MlpOnly => f.write_str("mlp-only"),
-            Self::Affine { layers } => write!(f, "{AFFINE}{layers}"),
+            Self::Affine {
+                layers,
+                coupled: true,
+            } => write!(f, "{AFFINE}{layers}"),
+            Self::Affine {
+                layers,
+                coupled: false,
+            } => write!(f, "{AFFINE_UNCOUPLED}{layers}"),
             Self::Coupled { integrator, steps } => {
                 write!(f, "{}{steps}", integrator.build().name())
             }
@@ -143,7 +176,7 @@ impl FromStr for DynamicsConfig {
                     "`{name}`: only euler and leapfrog take a step count (and affine a layer count)"
                 ));
             }
-            (AFFINE, None) => {
+            (AFFINE | AFFINE_UNCOUPLED, None) => {
                 let layers = match digits {
                     "" => 1,
                     d => d
@@ -155,15 +188,18 @@ impl FromStr for DynamicsConfig {
                         "`{name}`: the affine coupling needs at least one layer"
                     ));
                 }
-                return Ok(Self::Affine { layers });
+                return Ok(Self::Affine {
+                    layers,
+                    coupled: base == AFFINE,
+                });
             }
             ("standard", None) => return Ok(Self::Standard),
             ("mlp-only", None) => return Ok(Self::MlpOnly),
             _ => {
                 return Err(format!(
-                    "unknown dynamics `{name}`: expected standard, mlp-only, euler, leapfrog or \
-                     affine (euler and leapfrog with an optional step count, e.g. euler3; affine \
-                     with a layer count, e.g. affine2)"
+                    "unknown dynamics `{name}`: expected standard, mlp-only, euler, leapfrog, \
+                     affine or affine-uncoupled (euler and leapfrog with an optional step count, \
+                     e.g. euler3; affine with a layer count, e.g. affine2)"
                 ));
             }
         };
@@ -207,9 +243,18 @@ mod tests {
             DynamicsConfig::euler(1),
             DynamicsConfig::leapfrog(7),
             DynamicsConfig::affine(2),
+            DynamicsConfig::affine_uncoupled(1),
         ] {
             assert_eq!(config.to_string().parse::<DynamicsConfig>(), Ok(config));
         }
+        assert_eq!(
+            "affine-uncoupled".parse(),
+            Ok(DynamicsConfig::affine_uncoupled(1))
+        );
+        assert_eq!(
+            DynamicsConfig::affine_uncoupled(2).to_string(),
+            "affine-uncoupled2"
+        );
         assert_eq!(DynamicsConfig::euler(3).to_string(), "euler3");
         assert_eq!("euler".parse(), Ok(DynamicsConfig::euler(1)));
         assert_eq!("hamiltonian5".parse(), Ok(DynamicsConfig::leapfrog(5)));

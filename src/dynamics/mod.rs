@@ -62,9 +62,9 @@ impl<B: Backend> QkDynamics<B> {
         Ok(match config {
             DynamicsConfig::Standard => Self::Standard(Identity),
             DynamicsConfig::MlpOnly => Self::MlpOnly(coupling.try_init(device)?),
-            DynamicsConfig::Affine { layers } => {
-                Self::Affine(AffineCoupling::try_init(*layers, coupling, device)?)
-            }
+            DynamicsConfig::Affine { layers, coupled } => Self::Affine(AffineCoupling::try_init(
+                *layers, *coupled, coupling, device,
+            )?),
             DynamicsConfig::Coupled { integrator, steps } => Self::Coupled(CoupledDynamics {
                 coupling: coupling.try_init(device)?,
                 step_size: dt.try_init(n_heads, device)?,

@@ -153,7 +153,10 @@ pub fn paired(results: &[CellResult], baseline: &str) -> Vec<Paired> {
 }
 
 /// Every variant against standard attention, then each coupled differential attention
-/// (`diff+…`) also against plain `diff`: what the coupling adds to differential attention.
+/// (`diff+…`) also against plain `diff` (what the coupling adds to differential attention), and
+/// each affine coupling against its uncoupled control of the same size when that was run
+/// (`affine1` against `affine-uncoupled1`: what the exchange between q and k adds beyond the
+/// parameters).
 pub fn paired_to_baselines(results: &[CellResult]) -> Vec<Paired> {
     let mut out = paired(results, "standard");
     out.extend(
@@ -161,8 +164,25 @@ pub fn paired_to_baselines(results: &[CellResult]) -> Vec<Paired> {
             .into_iter()
             .filter(|p| p.variant.starts_with("diff+")),
     );
+    let mut controls: Vec<&str> = Vec::new();
+    for r in results {
+        if r.variant.contains(AFFINE_CONTROL) && !controls.contains(&r.variant.as_str()) {
+            controls.push(&r.variant);
+        }
+    }
+    for control in controls {
+        let coupled = control.replace(AFFINE_CONTROL, "affine");
+        out.extend(
+            paired(results, control)
+                .into_iter()
+                .filter(|p| p.variant == coupled),
+        );
+    }
     out
 }
+
+/// The name of the affine coupling's uncoupled control.
+const AFFINE_CONTROL: &str = "affine-uncoupled";
 
 /// Where a validation curve first reaches `target` (loss at or below it), interpolating linearly
 /// between evaluations: `(tokens, elapsed seconds)`; `None` if it never does.
