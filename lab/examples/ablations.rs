@@ -5,7 +5,7 @@
 //!
 //! ```sh
 //! cargo run --release --example ablations                                   # CPU scale, WikiText-2
-//! cargo run --release --example ablations -- --corpus ../shared/data/sotu.jsonl --steps 1 --seeds 0,1
+//! cargo run --release --example ablations -- --corpus shakespeare --steps 1 --seeds 0,1   # offline
 //! cargo run --release --features cuda --example ablations -- --preset 60m --tokenizer gpt2 \
 //!     --corpus wikitext-103 --max-steps 20000 --batch-size 32 --lr 6e-4 --eval-windows 0
 //! ```
@@ -25,7 +25,8 @@ use std::path::PathBuf;
     about = "Structural ablation of coupled QK attention over variants, integrator steps and seeds"
 )]
 struct Args {
-    /// `wikitext-103`, `wikitext-2`, a WikiText folder, a .jsonl or a text file.
+    /// `wikitext-103`, `wikitext-2`, `shakespeare` (shipped), `sotu` or `brown` (docs/data.md),
+    /// a WikiText folder, a .jsonl or a text file.
     #[arg(long, default_value = "wikitext-2")]
     corpus: String,
     /// A local WikiText folder (wiki.{train,valid}.raw) instead of the Hub.
@@ -52,6 +53,11 @@ struct Args {
     budget: Budget,
 }
 
+/// The last line of a failed download: what runs with no network.
+const OFFLINE: &str = "offline, the same ablation runs at CPU scale on the corpus shipped with \
+the harness:\n  cargo run --release --example ablations -- --corpus shakespeare --variants \
+standard,euler --steps 1 --seeds 0 --max-steps 500 --devices 2";
+
 fn main() {
     if let Err(e) = run(Args::parse()) {
         eprintln!("error: {e}");
@@ -61,7 +67,13 @@ fn main() {
 
 fn run(args: Args) -> Result<(), String> {
     let variants = parse_variants(&args.variants, &args.steps)?;
-    let corpus = args.budget.load(&args.corpus, args.data_dir.as_ref())?;
+    let corpus = args
+        .budget
+        .load(&args.corpus, args.data_dir.as_ref())
+        .map_err(|e| match e.is_download() {
+            true => format!("{e}\n{OFFLINE}"),
+            false => e.to_string(),
+        })?;
     let suite = args.budget.suite(&args.out);
     let mut cells = Vec::new();
     for seed in &args.seeds {

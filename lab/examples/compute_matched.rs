@@ -4,7 +4,7 @@
 //!
 //! ```sh
 //! cargo run --release --example compute_matched                       # CPU scale, WikiText-2
-//! cargo run --release --example compute_matched -- --corpus ../shared/data/sotu.jsonl --factor 3 --seeds 0
+//! cargo run --release --example compute_matched -- --corpus sotu --factor 3 --seeds 0
 //! ```
 //!
 //! Writes `results.md`, `results.json` and `curves.svg` to `--out`.
@@ -45,6 +45,11 @@ struct Args {
     budget: Budget,
 }
 
+/// The last line of a failed download: what runs with no network.
+const OFFLINE: &str = "offline, the same comparison runs at CPU scale on the corpus shipped with \
+the harness:\n  cargo run --release --example compute_matched -- --corpus shakespeare --seeds 0 \
+--devices 2";
+
 fn main() {
     if let Err(e) = run(Args::parse()) {
         eprintln!("error: {e}");
@@ -56,7 +61,13 @@ fn run(args: Args) -> Result<(), String> {
     if args.factor < 1 {
         return Err("--factor must be at least 1".into());
     }
-    let corpus = args.budget.load(&args.corpus, args.data_dir.as_ref())?;
+    let corpus = args
+        .budget
+        .load(&args.corpus, args.data_dir.as_ref())
+        .map_err(|e| match e.is_download() {
+            true => format!("{e}\n{OFFLINE}"),
+            false => e.to_string(),
+        })?;
     let suite = args.budget.suite(&args.out);
     let coupled_label = args.coupled.to_string();
     let baseline_label = format!("{}-x{}", args.baseline, args.factor);

@@ -5,7 +5,7 @@
 //!
 //! ```sh
 //! cargo run --release --example wikitext_60m -- --preset tiny --tokenizer bytes \
-//!     --corpus ../shared/data/tinyshakespeare/input.txt --max-steps 300 --out runs/tiny-shakespeare
+//!     --corpus shakespeare --max-steps 300 --out runs/tiny-shakespeare
 //! cargo run --release --example generate -- --run runs/tiny-shakespeare --prompt "ROMEO:"
 //! cargo run --release --example generate -- --gpt2 openai-community/gpt2 --prompt "The"
 //! ```

@@ -3,7 +3,7 @@
 //!
 //! ```sh
 //! cargo run --release --example prepare_data -- --corpus wikitext-103 --tokenizer gpt2
-//! cargo run --release --example prepare_data -- --corpus ../shared/data/sotu.jsonl --tokenizer gpt2 --no-cache
+//! cargo run --release --example prepare_data -- --corpus sotu --tokenizer gpt2 --no-cache
 //! ```
 
 use clap::Parser;

@@ -10,7 +10,7 @@
 //!     --attention euler --corpus wikitext-103
 //! # a local checkpoint (a folder with model.safetensors and config.json), bytes as tokens:
 //! cargo run --release --example retrofit -- --from tests/fixtures/gpt2-tiny --tokenizer bytes \
-//!     --corpus ../shared/data/tinyshakespeare/input.txt --max-steps 50
+//!     --corpus shakespeare --max-steps 50
 //! ```
 //!
 //! Writes the usual run folder (config.json, which records the starting weights, metrics.csv,

@@ -6,9 +6,9 @@
 //! cargo run --release --features cuda --example wikitext_60m -- --attention standard
 //! # data-parallel on 4 GPUs (CUDA devices 0..4; batch_size must be divisible by 4):
 //! cargo run --release --features cuda --example wikitext_60m -- --attention euler --devices 4
-//! # CPU-scale check on a local corpus:
+//! # CPU scale, offline, on the corpus shipped with the harness:
 //! cargo run --release --example wikitext_60m -- --preset tiny --tokenizer bytes \
-//!     --corpus ../shared/data/tinyshakespeare/input.txt --max-steps 300
+//!     --corpus shakespeare --max-steps 300 --devices 2
 //! ```
 //!
 //! Defaults and which of them the paper states: docs/reproducing.md. Outputs (config.json,
@@ -36,7 +36,8 @@ struct Args {
     /// Model preset: tiny, 60m, 150m, 350m.
     #[arg(long, default_value = "60m")]
     preset: Preset,
-    /// `wikitext-103`, `wikitext-2`, a WikiText folder, a .jsonl file or a text file.
+    /// `wikitext-103`, `wikitext-2`, `shakespeare` (shipped), `sotu` or `brown` (docs/data.md), a
+    /// WikiText folder, a .jsonl file or a text file.
     #[arg(long, default_value = "wikitext-103")]
     corpus: String,
     /// A folder with wiki.{train,valid}.{raw,tokens}: WikiText from disk instead of the Hub.
@@ -183,6 +184,11 @@ fn apply_flags(args: &Args, config: &mut TrainConfig) -> Result<Vec<String>, Str
     Ok(notes)
 }
 
+/// The last line of a failed download: what runs with no network.
+const OFFLINE: &str = "offline, the same program trains at CPU scale on the corpus shipped with \
+the harness:\n  cargo run --release --example wikitext_60m -- --preset tiny --tokenizer bytes \
+--corpus shakespeare --max-steps 300 --devices 2";
+
 fn main() {
     let args = Args::parse();
     if let Err(e) = run(args) {
@@ -228,7 +234,11 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         )
         .into());
     }
-    let corpus = load_corpus(&source, args.tokenizer, &options)?.corpus;
+    let corpus = match load_corpus(&source, args.tokenizer, &options) {
+        Ok(loaded) => loaded.corpus,
+        Err(e) if e.is_download() => return Err(format!("{e}\n{OFFLINE}").into()),
+        Err(e) => return Err(e.into()),
+    };
 
     let model =
         GptConfig::preset(args.preset, corpus.vocab_size).with_attention(match args.steps {

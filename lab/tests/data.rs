@@ -1,6 +1,6 @@
 //! The data pipeline: tokenizers, token cache, document splits, batches, the Hub download path
-//! (against a loopback server) and every error a user can meet. Offline; the tests on the real
-//! corpora run when `COUPLED_QK_DATA` names `../shared/data`.
+//! (against a loopback server) and every error a user can meet, on real text shipped in the
+//! repository (tiny-shakespeare, WikiText-2 fixtures). Offline.
 
 mod support;
 
@@ -692,48 +692,159 @@ fn hub_child_with_environment() {
     assert_eq!(text, WIKI_RAW);
 }
 
-// ---- the real corpora in ../shared/data ----
+// ---- real text: the shipped corpus, WikiText fixtures, the data folder ----
 
-fn shared_data() -> Option<PathBuf> {
-    match std::env::var_os("COUPLED_QK_DATA") {
-        Some(dir) => Some(PathBuf::from(dir)),
-        None => {
-            eprintln!(
-                "skipped: COUPLED_QK_DATA is not set (point it at ../shared/data to read the real corpora)"
-            );
-            None
-        }
+#[test]
+fn the_shipped_corpus_is_read_by_name_split_and_tokenised() {
+    for name in ["shakespeare", "tinyshakespeare"] {
+        assert_eq!(
+            name.parse::<CorpusSource>().unwrap(),
+            CorpusSource::Embedded(EmbeddedCorpus::TinyShakespeare)
+        );
     }
+    let source = CorpusSource::Embedded(EmbeddedCorpus::TinyShakespeare);
+    assert_eq!(source.name(), "tinyshakespeare");
+    let text = EmbeddedCorpus::TinyShakespeare.text();
+    assert_eq!(text.len(), 1_115_394, "char-rnn's input.txt, byte for byte");
+    assert!(text.starts_with("First Citizen:\nBefore we proceed any further, hear me speak."));
+    // Its documents are the speeches; every one lands in exactly one split, whole.
+    let documents = text_documents(text);
+    assert!(documents.len() > 7_000, "{}", documents.len());
+    let corpus = read_corpus(&source, SplitOptions::default(), &Hub::default()).unwrap();
+    let joined: usize = documents.iter().map(|d| d.text.len()).sum::<usize>()
+        + DOCUMENT_SEPARATOR.len() * (documents.len() - 2);
+    assert_eq!(corpus.train.len() + corpus.valid.len(), joined);
+    let valid_share = corpus.valid.len() as f64 / joined as f64;
+    assert!((0.05..0.15).contains(&valid_share), "{valid_share}");
+
+    let dir = temp_dir("shipped");
+    let loaded = load_corpus(&source, TokenizerKind::Bytes, &quiet(&dir)).unwrap();
+    assert_eq!(loaded.corpus.name, "tinyshakespeare");
+    assert_eq!(loaded.corpus.train.len(), corpus.train.len());
+    let gpt2 = Gpt2Tokenizer::default();
+    let ids = tokenise(&gpt2, &corpus.valid, false, "tinyshakespeare valid");
+    assert!(
+        (corpus.valid.len() / 5..corpus.valid.len() / 2).contains(&ids.len()),
+        "{} GPT-2 tokens for {} bytes",
+        ids.len(),
+        corpus.valid.len()
+    );
+    assert_eq!(gpt2.decode_bytes(&ids.to_u32()), corpus.valid.as_bytes());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// WikiText-2 in its original layout, cut to one article a split (tests/fixtures/wikitext-2).
+fn wikitext_fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/wikitext-2")
 }
 
 #[test]
-fn real_corpora_read_and_tokenise() {
-    let Some(data) = shared_data() else { return };
-    let valid = read_wikitext_split(&data.join("wikitext-2"), "valid").unwrap();
+fn a_wikitext_folder_in_the_original_layout_loads_as_wikitext() {
+    let dir = wikitext_fixture();
+    let source: CorpusSource = dir.to_str().unwrap().parse().unwrap();
     assert_eq!(
-        valid.len(),
-        std::fs::metadata(data.join("wikitext-2/wiki.valid.tokens"))
+        source,
+        CorpusSource::WikiText {
+            variant: WikiText::Local,
+            dir: Some(dir.clone())
+        }
+    );
+    // `--corpus wikitext-2 --data-dir DIR` is the same folder under WikiText-2's name.
+    let named = "wikitext-2"
+        .parse::<CorpusSource>()
+        .unwrap()
+        .with_data_dir(Some(dir.clone()))
+        .unwrap();
+    assert_eq!(named.name(), "wikitext-2");
+    let valid = read_wikitext_split(&dir, "valid").unwrap();
+    assert_eq!(
+        valid.len() as u64,
+        std::fs::metadata(dir.join("wiki.valid.tokens"))
             .unwrap()
-            .len() as usize
+            .len()
     );
+    assert!(valid.starts_with(" \n = Homarus gammarus = \n"));
+    let cache = temp_dir("wikitext-fixture");
+    let loaded = load_corpus(&named, TokenizerKind::Gpt2, &quiet(&cache)).unwrap();
     let gpt2 = Gpt2Tokenizer::default();
-    let gpt2_ids = tokenise(&gpt2, &valid, false, "wikitext-2 valid");
-    let byte_ids = tokenise(&ByteTokenizer, &valid, false, "wikitext-2 valid");
-    eprintln!(
-        "WikiText-2 validation ({} bytes): {} GPT-2 tokens, {} byte tokens",
-        valid.len(),
-        gpt2_ids.len(),
-        byte_ids.len()
+    assert_eq!(
+        gpt2.decode_bytes(&loaded.corpus.valid.ids.to_u32()),
+        valid.as_bytes()
     );
-    assert_eq!(byte_ids.len(), valid.len());
-    // 217,646 whitespace tokens; BPE splits some words and `<unk>` into pieces.
+    // Whitespace tokens, `<unk>` and headings: BPE takes fewer ids than bytes, more than words.
+    let words = valid.split_whitespace().count();
+    let ids = loaded.corpus.valid.len();
     assert!(
-        (217_646..valid.len() / 2).contains(&gpt2_ids.len()),
-        "{}",
-        gpt2_ids.len()
+        (words..valid.len() / 2).contains(&ids),
+        "{ids} ids, {words} words"
     );
-    assert_eq!(gpt2.decode_bytes(&gpt2_ids.to_u32()), valid.as_bytes());
+    std::fs::remove_dir_all(&cache).unwrap();
+}
 
+/// Runs in a child process (setting a variable races with no other test): `sotu` and `brown`
+/// are read from `$COUPLED_QK_DATA`, and a missing one is an error that says how to get it.
+#[test]
+fn named_corpora_are_read_from_the_data_folder() {
+    let dir = temp_dir("data-folder");
+    let status = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "data_folder_child",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("COUPLED_QK_DATA", &dir)
+        .env("COUPLED_QK_DATA_CHILD", "1")
+        .status()
+        .unwrap();
+    assert!(status.success());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+#[ignore = "run by named_corpora_are_read_from_the_data_folder in a child process"]
+fn data_folder_child() {
+    if std::env::var_os("COUPLED_QK_DATA_CHILD").is_none() {
+        return;
+    }
+    let dir = PathBuf::from(std::env::var_os("COUPLED_QK_DATA").unwrap());
+    assert_eq!(data_dir(), dir);
+    let err = "sotu".parse::<CorpusSource>().unwrap_err();
+    assert!(matches!(err, DataError::NotFetched { .. }), "{err}");
+    let message = err.to_string();
+    for part in [
+        "`sotu`",
+        "State of the Union",
+        "docs/data.md",
+        "COUPLED_QK_DATA",
+    ] {
+        assert!(message.contains(part), "{part} not in: {message}");
+    }
+    assert!(
+        message.contains(&dir.join("sotu.jsonl").display().to_string()),
+        "{message}"
+    );
+    std::fs::write(
+        dir.join("sotu.jsonl"),
+        "{\"year\": 1790, \"text\": \"Fellow-Citizens of the Senate.\"}\n\
+         {\"year\": 1791, \"text\": \"Fellow-Citizens of the House.\"}\n",
+    )
+    .unwrap();
+    let source: CorpusSource = "sotu".parse().unwrap();
+    assert_eq!(source, CorpusSource::Jsonl(dir.join("sotu.jsonl")));
+    assert_eq!(source.name(), "sotu");
+    let text = read_corpus(&source, SplitOptions::default(), &Hub::default()).unwrap();
+    assert!(text.train.starts_with("Fellow-Citizens") && text.valid.starts_with("Fellow-Citizens"));
+    assert!("brown".parse::<CorpusSource>().is_err());
+}
+
+/// The larger corpora of the results, when `COUPLED_QK_DATA` holds them
+/// (`scripts/fetch_corpora.sh`): their documents and metadata as the results describe them.
+#[test]
+#[ignore = "reads sotu.jsonl and brown.jsonl from $COUPLED_QK_DATA (scripts/fetch_corpora.sh)"]
+fn fetched_corpora_hold_what_the_results_describe() {
+    let data = data_dir();
     let sotu = read_jsonl(&data.join("sotu.jsonl")).unwrap();
     assert_eq!(sotu.len(), 233);
     assert!(sotu.iter().all(|d| d.meta.contains_key("year")));
@@ -742,23 +853,6 @@ fn real_corpora_read_and_tokenise() {
     let genres: std::collections::HashSet<String> =
         brown.iter().map(|d| d.meta["genre"].to_string()).collect();
     assert_eq!(genres.len(), 15);
-    let shakespeare = read_text_documents(&data.join("tinyshakespeare/input.txt")).unwrap();
-    assert!(shakespeare.len() > 1000, "{}", shakespeare.len());
-
-    let dir = temp_dir("real");
-    let loaded = load_corpus(
-        &CorpusSource::Jsonl(data.join("brown.jsonl")),
-        TokenizerKind::Bytes,
-        &quiet(&dir),
-    )
-    .unwrap();
-    let total = loaded.corpus.train.len() + loaded.corpus.valid.len();
-    let text_bytes: usize = brown.iter().map(|d| d.text.len()).sum();
-    assert_eq!(
-        total,
-        text_bytes + DOCUMENT_SEPARATOR.len() * (brown.len() - 2)
-    );
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// The GPT-2 fixture of the layer crate's tests (tests/reference/gpt2_tiny.py).

@@ -87,12 +87,30 @@ pub enum DataError {
         /// What to do (where to put the files to run offline).
         hint: String,
     },
+    /// A corpus named by the results (`sotu`, `brown`) that is not in the data folder.
+    #[error(
+        "the corpus `{}` ({}) is not shipped with the harness and {} does not exist; fetch it \
+         into the data folder ($COUPLED_QK_DATA, default ~/.cache/coupled-qk/data) as docs/data.md \
+         says, or pass the path of a copy",
+        corpus.name, corpus.what, path.display()
+    )]
+    NotFetched {
+        /// The corpus.
+        corpus: super::FetchedCorpus,
+        /// Where it was looked for.
+        path: PathBuf,
+    },
     /// An argument or setting that cannot work.
     #[error("{0}")]
     Invalid(String),
 }
 
 impl DataError {
+    /// Whether the error is a failed download: the program may be offline.
+    pub fn is_download(&self) -> bool {
+        matches!(self, DataError::Download { .. })
+    }
+
     /// An I/O error on `path`.
     pub fn io(action: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         let path = path.into();

@@ -1,8 +1,10 @@
-//! Corpora as text: WikiText (from the Hub or a local folder in the original layout), JSONL with a
-//! `text` field, and plain text. Each yields a training and a validation text.
+//! Corpora as text: WikiText (from the Hub or a local folder in the original layout), the corpus
+//! shipped with the harness, JSONL with a `text` field, and plain text. Each yields a training and
+//! a validation text.
 
 use super::DataError;
 use super::hub::{Hub, WikiText};
+use super::named::{EmbeddedCorpus, FetchedCorpus};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -20,6 +22,8 @@ pub enum CorpusSource {
         /// A local folder in the original layout, used instead of the Hub.
         dir: Option<PathBuf>,
     },
+    /// A corpus shipped inside the harness (`shakespeare`), split like a text file.
+    Embedded(EmbeddedCorpus),
     /// A JSONL file: one JSON object a line with a string `text`; other fields are metadata.
     Jsonl(PathBuf),
     /// A plain text file; its documents are the blocks between blank lines.
@@ -28,11 +32,26 @@ pub enum CorpusSource {
 
 impl FromStr for CorpusSource {
     type Err = DataError;
-    /// `wikitext-103`, `wikitext-2`, a folder (local WikiText), a `.jsonl` file or any other file
-    /// (plain text).
+    /// `wikitext-103`, `wikitext-2`, `shakespeare` (shipped with the harness), `sotu` or `brown`
+    /// (from the data folder, [`super::data_dir`]), a folder (local WikiText), a `.jsonl` file or
+    /// any other file (plain text).
+    ///
+    /// # Errors
+    /// A path that does not exist, or a named corpus that is not in the data folder.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         if let Ok(variant) = s.parse::<WikiText>() {
             return Ok(CorpusSource::WikiText { variant, dir: None });
+        }
+        if let Some(corpus) = EmbeddedCorpus::from_name(s) {
+            return Ok(CorpusSource::Embedded(corpus));
+        }
+        if let Some(corpus) = FetchedCorpus::from_name(s) {
+            let path = corpus.path();
+            return if path.is_file() {
+                Ok(CorpusSource::Jsonl(path))
+            } else {
+                Err(DataError::NotFetched { corpus, path })
+            };
         }
         let path = PathBuf::from(s);
         if path.is_dir() {
@@ -47,7 +66,9 @@ impl FromStr for CorpusSource {
         } else {
             Err(DataError::NotFound {
                 path,
-                hint: "a corpus is `wikitext-103`, `wikitext-2`, a folder with wiki.{train,valid}.raw, a .jsonl file or a text file".into(),
+                hint: "a corpus is `wikitext-103`, `wikitext-2`, `shakespeare`, `sotu`, `brown`, a folder \
+                       with wiki.{train,valid}.raw, a .jsonl file or a text file"
+                    .into(),
             })
         }
     }
@@ -89,6 +110,9 @@ impl CorpusSource {
             CorpusSource::WikiText { variant, dir: None } => {
                 format!("{} (Hugging Face Hub)", variant.name())
             }
+            CorpusSource::Embedded(corpus) => {
+                format!("{} (shipped with the harness)", corpus.name())
+            }
             CorpusSource::Jsonl(p) | CorpusSource::Text(p) => p.display().to_string(),
         }
     }
@@ -113,6 +137,7 @@ impl CorpusSource {
                 dir: Some(dir),
             } => stem(dir),
             CorpusSource::WikiText { variant, .. } => variant.name().into(),
+            CorpusSource::Embedded(corpus) => corpus.name().into(),
             CorpusSource::Jsonl(p) | CorpusSource::Text(p) => stem(p),
         }
     }
@@ -172,6 +197,9 @@ pub fn read_corpus(
             hub.wikitext_split(*variant, "train")?,
             hub.wikitext_split(*variant, "validation")?,
         ),
+        CorpusSource::Embedded(corpus) => {
+            split_documents(&source.describe(), text_documents(corpus.text()), split)?
+        }
         CorpusSource::Jsonl(path) => split_documents(&source.describe(), read_jsonl(path)?, split)?,
         CorpusSource::Text(path) => {
             split_documents(&source.describe(), read_text_documents(path)?, split)?
@@ -254,7 +282,11 @@ pub fn read_jsonl(path: &Path) -> Result<Vec<Document>, DataError> {
 /// Reads a text file; its documents are the blocks between blank lines (lines of nothing but
 /// whitespace, as WikiText's `" \n"`).
 pub fn read_text_documents(path: &Path) -> Result<Vec<Document>, DataError> {
-    let text = read_utf8(path)?;
+    Ok(text_documents(&read_utf8(path)?))
+}
+
+/// The documents of a text: its blocks between blank lines.
+pub fn text_documents(text: &str) -> Vec<Document> {
     let mut documents = Vec::new();
     let mut block: Vec<&str> = Vec::new();
     for line in text.lines().chain(std::iter::once("")) {
@@ -270,7 +302,7 @@ pub fn read_text_documents(path: &Path) -> Result<Vec<Document>, DataError> {
             block.push(line);
         }
     }
-    Ok(documents)
+    documents
 }
 
 /// Splits documents into training and validation text, never inside a document: a seeded

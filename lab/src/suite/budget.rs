@@ -4,7 +4,7 @@
 use super::{CellResult, FailedCell, Suite, run_cell};
 use crate::backend::{BackendChoice, MultiDeviceTask};
 use crate::data::{
-    CorpusSource, LoadOptions, SplitOptions, TokenizedCorpus, TokenizerKind, load_corpus,
+    CorpusSource, DataError, LoadOptions, SplitOptions, TokenizedCorpus, TokenizerKind, load_corpus,
 };
 use crate::lm::{TrainConfig, TrainError};
 use burn::tensor::backend::AutodiffBackend;
@@ -116,19 +116,19 @@ impl Budget {
     }
 
     /// Loads a corpus (`--corpus` syntax of the data pipeline) with this budget's tokenizer.
+    ///
+    /// # Errors
+    /// The corpus cannot be found, downloaded or read.
     pub fn load(
         &self,
         corpus: &str,
         data_dir: Option<&PathBuf>,
-    ) -> Result<TokenizedCorpus, String> {
+    ) -> Result<TokenizedCorpus, DataError> {
         let source = corpus
-            .parse::<CorpusSource>()
-            .and_then(|source| source.with_data_dir(data_dir.cloned()))
-            .map_err(|e| e.to_string())?;
+            .parse::<CorpusSource>()?
+            .with_data_dir(data_dir.cloned())?;
         let options = LoadOptions::for_program(self.cache_dir.clone(), SplitOptions::default());
-        Ok(load_corpus(&source, self.tokenizer, &options)
-            .map_err(|e| format!("{e}"))?
-            .corpus)
+        Ok(load_corpus(&source, self.tokenizer, &options)?.corpus)
     }
 }
 
@@ -241,11 +241,4 @@ impl MultiDeviceTask for Cells<'_> {
         }
         outcome
     }
-}
-
-/// The folder of the shared corpora: `$COUPLED_QK_DATA`, else `../shared/data` when it exists.
-pub fn shared_data_dir() -> Option<PathBuf> {
-    std::env::var_os("COUPLED_QK_DATA")
-        .map(PathBuf::from)
-        .or_else(|| Some(PathBuf::from("../shared/data")).filter(|p| p.is_dir()))
 }

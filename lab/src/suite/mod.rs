@@ -8,7 +8,7 @@ mod report;
 mod stats;
 mod variant;
 
-pub use budget::{Budget, Cells, SuiteOutcome, shared_data_dir};
+pub use budget::{Budget, Cells, SuiteOutcome};
 pub use cells::{CellResult, CurvePoint, FailedCell, Suite, run_cell};
 pub use plot::write_curves_plot;
 pub use report::{
