@@ -473,10 +473,16 @@ fn only_the_last_k_checkpoints_are_kept() {
         Err(TrainError::RunExists { what, .. }) => assert!(what.contains("step 6"), "{what}"),
         other => panic!("expected RunExists, got {other:?}"),
     }
-    // An incomplete checkpoint (no state.json: interrupted while writing) does not count.
+    // An incomplete checkpoint (interrupted while writing: no manifest, with or without its
+    // state.json) does not count.
     let partial = dir.join("checkpoints/step-0000009");
     std::fs::create_dir_all(&partial).unwrap();
     std::fs::write(partial.join("model.mpk"), b"half").unwrap();
+    assert_eq!(steps(&dir), [5, 6]);
+    let newest = dir.join("checkpoints/step-0000006");
+    for file in ["model.mpk", "optimizer.mpk", "state.json"] {
+        std::fs::copy(newest.join(file), partial.join(file)).unwrap();
+    }
     assert_eq!(steps(&dir), [5, 6]);
     // Resuming a finished run changes nothing.
     let again = train::<B>(&config, &corpus, &dir, true, &device).unwrap();
@@ -485,6 +491,10 @@ fn only_the_last_k_checkpoints_are_kept() {
         (Some(6), 6, summary.val_loss)
     );
     assert_eq!(read_metrics(&dir.join("metrics.csv")).unwrap().len(), 6);
+    assert!(
+        !partial.exists(),
+        "the resume removes the incomplete checkpoint"
+    );
 }
 
 #[test]
