@@ -12,22 +12,22 @@
 //! optimiser moments (exact resume needs both), and, unlike the bincode recorder, an error rather
 //! than a panic on a damaged file.
 
-use super::TrainError;
 use super::manifest::{CheckedFolder, Damage, MANIFEST_FILE, Verification, write_manifest};
+use super::{FieldChange, TrainError, differing_fields};
 use crate::atomic;
 use burn::module::Module;
 use burn::optim::Optimizer;
 use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Recorder};
 use burn::tensor::backend::AutodiffBackend;
-use coupled_qk::model::Gpt;
+use coupled_qk::model::{Gpt, GptConfig};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
 const MODEL: &str = "model.mpk";
 const OPTIMIZER: &str = "optimizer.mpk";
 const STATE: &str = "state.json";
-/// 4 since each checkpoint has a manifest; 3 (each coupled layer's dynamics a `QkDynamics` enum)
-/// still loads, without one. Older records do not load.
+/// 4 since each checkpoint has a manifest and records its model's config; 3 (each coupled
+/// layer's dynamics a `QkDynamics` enum) still loads, without either. Older records do not load.
 const FORMAT: u32 = 4;
 /// The last format without a manifest.
 const FORMAT_WITHOUT_MANIFEST: u32 = 3;
@@ -46,21 +46,47 @@ pub struct CheckpointState {
     /// The training losses of the steps since the last metrics row, so a resumed run writes the
     /// same next row. Stored as text: JSON parsers need not round-trip floats exactly.
     pub pending_losses: Vec<String>,
+    /// The config of the model whose records the checkpoint holds, so that a checkpoint read
+    /// with another config (an edited `config.json`) is refused, naming the field: records of
+    /// the same shapes (Euler's and leapfrog's) would otherwise load without a word. `None` in
+    /// checkpoints written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<serde_json::Value>,
 }
 
 impl CheckpointState {
     /// Its file in a checkpoint folder.
     pub const FILE: &'static str = STATE;
 
-    /// The state after `step` steps.
-    pub fn new(step: usize, tokens: u64, elapsed_s: f64, pending_losses: &[f64]) -> Self {
+    /// The state after `step` steps of training `model`.
+    pub fn new(
+        step: usize,
+        tokens: u64,
+        elapsed_s: f64,
+        pending_losses: &[f64],
+        model: &GptConfig,
+    ) -> Self {
         CheckpointState {
             format: FORMAT,
             step,
             tokens,
             elapsed_s,
             pending_losses: pending_losses.iter().map(f64::to_string).collect(),
+            model: Some(serde_json::to_value(model).expect("a GptConfig serialises")),
         }
+    }
+
+    /// The fields in which `config` differs from the model the checkpoint was written by (old:
+    /// the checkpoint's value, new: the config's); none where the checkpoint does not record it.
+    pub fn model_changes(&self, config: &GptConfig) -> Vec<FieldChange> {
+        let Some(recorded) = &self.model else {
+            return Vec::new();
+        };
+        let wrap = |model: serde_json::Value| serde_json::json!({ "model": model });
+        differing_fields(
+            &wrap(recorded.clone()),
+            &wrap(serde_json::to_value(config).expect("a GptConfig serialises")),
+        )
     }
 
     /// The pending losses as numbers.
@@ -367,7 +393,9 @@ fn fit_record<B: burn::tensor::backend::Backend>(
 /// # Errors
 /// A folder without `config.json` or without a complete checkpoint;
 /// [`TrainError::CheckpointCorrupt`] for a damaged checkpoint (no older one is taken in its
-/// place: generating from other weights than asked for would mislead); unreadable files.
+/// place: generating from other weights than asked for would mislead);
+/// [`TrainError::CheckpointMismatch`] for a `config.json` that describes another model than the
+/// checkpoint's; unreadable files.
 pub fn load_trained<B: burn::tensor::backend::Backend>(
     out_dir: &Path,
     device: &B::Device,
@@ -391,14 +419,23 @@ pub fn load_trained<B: burn::tensor::backend::Backend>(
         });
     };
     let mut folder = CheckedFolder::open(&dir)?;
-    read_state(&mut folder, &dir)?;
+    let state = read_state(&mut folder, &dir)?;
     let model_bytes = folder.read(MODEL)?;
     if folder.check_rest()? == Verification::NoManifest {
         eprintln!("{}", unverified_warning(&dir));
     }
+    let changes = state.model_changes(&config.train.model);
+    if !changes.is_empty() {
+        return Err(TrainError::CheckpointMismatch {
+            checkpoint: dir,
+            config: config_path,
+            changes,
+        });
+    }
     let model: Gpt<B> = config.train.model.try_init(device)?;
     let record = decode::<B, _>(model_bytes, &dir, MODEL, device)?;
-    Ok((model.load_record(record), config, step))
+    let model = fit_record(model, record, &dir.join(MODEL))?;
+    Ok((model, config, step))
 }
 
 /// The newest checkpoint of the run in `out_dir`, at most `up_to` steps, whose files all match

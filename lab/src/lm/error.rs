@@ -130,6 +130,23 @@ pub enum TrainError {
         /// Each checkpoint's damaged file and its damage, newest first.
         rejected: Vec<(PathBuf, Damage)>,
     },
+    /// A checkpoint whose model is not the one the run's config describes (an edited
+    /// `config.json`, or a checkpoint copied from another run).
+    #[error(
+        "the checkpoint {} holds another model than {} describes: {} (checkpoint → config). \
+         Restore the config the run was trained with, or start a new run",
+        checkpoint.display(),
+        config.display(),
+        changes.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(", ")
+    )]
+    CheckpointMismatch {
+        /// The checkpoint folder.
+        checkpoint: PathBuf,
+        /// The config it was compared with.
+        config: PathBuf,
+        /// The model fields that differ.
+        changes: Vec<FieldChange>,
+    },
     /// A non-finite training (or final validation) loss: the run stops before its state is
     /// checkpointed.
     #[error(

@@ -250,6 +250,14 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
             Some(checkpoints) => {
                 let (model, optimizer, state, dir) =
                     load_newest_good(out_dir, checkpoints, model, new_optimizer, device, &say)?;
+                let changes = state.model_changes(&config.model);
+                if !changes.is_empty() && !options.allow_config_change {
+                    return Err(TrainError::CheckpointMismatch {
+                        checkpoint: dir,
+                        config: out_dir.join("config.json"),
+                        changes,
+                    });
+                }
                 let rows: Vec<MetricsRow> = if metrics_path.is_file() {
                     read_metrics_until(&metrics_path, state.step)?
                 } else {
@@ -278,7 +286,7 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
             None => (
                 model,
                 new_optimizer(),
-                CheckpointState::new(0, 0, 0.0, &[]),
+                CheckpointState::new(0, 0, 0.0, &[], &config.model),
                 Vec::new(),
                 None,
             ),
@@ -531,7 +539,13 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
     }
 
     fn state(&self) -> CheckpointState {
-        CheckpointState::new(self.step, self.tokens, self.elapsed(), &self.pending_losses)
+        CheckpointState::new(
+            self.step,
+            self.tokens,
+            self.elapsed(),
+            &self.pending_losses,
+            &self.config.model,
+        )
     }
 
     fn write_checkpoint(&mut self, state: &CheckpointState) -> Result<PathBuf, TrainError> {
