@@ -133,8 +133,8 @@ pub enum TrainError {
     /// A checkpoint whose model is not the one the run's config describes (an edited
     /// `config.json`, or a checkpoint copied from another run).
     #[error(
-        "the checkpoint {} holds another model than {} describes: {} (checkpoint → config). \
-         Restore the config the run was trained with, or start a new run",
+        "the checkpoint {} holds another model than {} describes, in {} (the checkpoint's \
+         value first). Restore the config the run was trained with, or start a new run",
         checkpoint.display(),
         config.display(),
         changes.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(", ")
