@@ -1,6 +1,8 @@
 //! Fault injection: a `tiny` training run killed with SIGKILL at random points (in a step, in a
 //! checkpoint write, in an evaluation) and resumed each time ends with the weights and the
-//! metrics of an uninterrupted run, bit for bit, and leaves no temporary file behind.
+//! metrics of an uninterrupted run, bit for bit, and leaves no temporary file behind; bytes
+//! flipped in any file of a checkpoint are caught by its manifest, and the resume falls back to
+//! the previous checkpoint and still ends bit for bit where the uninterrupted run does.
 
 use burn::backend::{Autodiff, Flex};
 use burn::module::{Module, ModuleVisitor, Param};
@@ -9,13 +11,25 @@ use burn::tensor::Tensor;
 use coupled_qk::model::{Gpt, GptConfig, Preset};
 use coupled_qk_lab::data::{TokenIds, TokenStream, TokenizedCorpus};
 use coupled_qk_lab::lm::{
-    RunOptions, TrainConfig, list_checkpoints, load_checkpoint, read_metrics, train_with,
+    Damage, MANIFEST_FILE, RunOptions, TrainConfig, TrainError, Trainer, Verification,
+    checkpoint_dir, list_checkpoints, load_checkpoint, load_trained, read_metrics, train_with,
+    verify_checkpoint,
 };
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 type B = Autodiff<Flex>;
+
+/// The backend's random generator is process-global: runs in this process must not interleave
+/// (and the kill test's timings assume it has the machine to itself).
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
 /// The variable that makes [`child_trains_until_done`] train (it is skipped otherwise).
 const CHILD_DIR: &str = "COUPLED_QK_FAULT_RUN_DIR";
@@ -74,7 +88,7 @@ fn child_trains_until_done() {
 }
 
 /// The final checkpoint's weights, flattened.
-fn final_weights(dir: &Path) -> Vec<f32> {
+fn final_weights(dir: &Path, config: &TrainConfig) -> Vec<f32> {
     struct Flatten(Vec<f32>);
     impl ModuleVisitor<B> for Flatten {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
@@ -84,10 +98,10 @@ fn final_weights(dir: &Path) -> Vec<f32> {
     }
     let device = Default::default();
     let (_, newest) = list_checkpoints(dir).unwrap().pop().expect("a checkpoint");
-    let model: Gpt<B> = config().model.init(&device);
+    let model: Gpt<B> = config.model.init(&device);
     let optimizer = AdamWConfig::new().init::<B, Gpt<B>>();
     let (model, _, state) = load_checkpoint(&newest, model, optimizer, &device).unwrap();
-    assert_eq!(state.step, config().max_steps);
+    assert_eq!(state.step, config.max_steps);
     let mut flat = Flatten(Vec::new());
     model.visit(&mut flat);
     flat.0
@@ -108,6 +122,7 @@ fn leftovers(dir: &Path) -> Vec<PathBuf> {
 
 #[test]
 fn killed_runs_resume_to_the_uninterrupted_result() {
+    let _guard = serial();
     let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("faults");
     let _ = std::fs::remove_dir_all(&root);
     let (whole, killed) = (root.join("whole"), root.join("killed"));
@@ -170,30 +185,347 @@ fn killed_runs_resume_to_the_uninterrupted_result() {
         "only {kills} kills landed after progress: the test did not test"
     );
 
-    let (a, b) = (
-        read_metrics(&whole.join("metrics.csv")).unwrap(),
-        read_metrics(&killed.join("metrics.csv")).unwrap(),
+    assert_same_run(&whole, &killed, &config());
+    assert_eq!(leftovers(&killed), Vec::<PathBuf>::new());
+    let lock = std::fs::read_to_string(killed.join(".lock")).unwrap_or_default();
+    assert!(!lock.is_empty(), "the lock file names its last holder");
+    std::fs::remove_dir_all(root).unwrap();
+}
+
+/// Asserts that two finished runs have the same metrics and final weights, bit for bit.
+fn assert_same_run(a: &Path, b: &Path, config: &TrainConfig) {
+    let what = b.display();
+    let (ra, rb) = (
+        read_metrics(&a.join("metrics.csv")).unwrap(),
+        read_metrics(&b.join("metrics.csv")).unwrap(),
     );
-    assert_eq!(a.len(), b.len());
-    for (x, y) in a.iter().zip(&b) {
+    assert_eq!(ra.len(), rb.len(), "{what}");
+    for (x, y) in ra.iter().zip(&rb) {
         assert_eq!(
             (x.step, x.tokens, x.train_loss.to_bits()),
             (y.step, y.tokens, y.train_loss.to_bits()),
-            "step {}",
+            "{what}: step {}",
             x.step
         );
-        assert_eq!(x.val, y.val, "step {}", x.step);
+        assert_eq!(x.val, y.val, "{what}: step {}", x.step);
     }
-    let (wa, wb) = (final_weights(&whole), final_weights(&killed));
+    let (wa, wb) = (final_weights(a, config), final_weights(b, config));
     assert_eq!(wa.len(), wb.len());
     let differ = wa
         .iter()
         .zip(&wb)
         .filter(|(x, y)| x.to_bits() != y.to_bits())
         .count();
-    assert_eq!(differ, 0, "{differ} of {} weights differ", wa.len());
-    assert_eq!(leftovers(&killed), Vec::<PathBuf>::new());
-    let lock = std::fs::read_to_string(killed.join(".lock")).unwrap_or_default();
-    assert!(!lock.is_empty(), "the lock file names its last holder");
+    assert_eq!(differ, 0, "{what}: {differ} of {} weights differ", wa.len());
+}
+
+/// A short run for the damage tests: checkpoints at steps 2, 4, 6 and 8, the newest two kept.
+fn short_config() -> TrainConfig {
+    let mut c = config();
+    c.max_steps = 8;
+    c
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap().flatten() {
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
+/// Xorshift64: the same offsets on every run of the test.
+struct Draws(u64);
+
+impl Draws {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 % n as u64) as usize
+    }
+}
+
+/// Changes `count` bytes of `path` at random offsets (each xor-ed with a nonzero byte); returns
+/// the offsets.
+fn flip_bytes(path: &Path, count: usize, draws: &mut Draws) -> Vec<usize> {
+    let mut bytes = std::fs::read(path).unwrap();
+    let offsets: Vec<usize> = (0..count).map(|_| draws.below(bytes.len())).collect();
+    for &at in &offsets {
+        bytes[at] ^= 1 + draws.below(255) as u8;
+    }
+    std::fs::write(path, bytes).unwrap();
+    offsets
+}
+
+/// The files of a checkpoint, each of which is damaged in turn.
+const CHECKPOINT_FILES: [&str; 4] = ["model.mpk", "optimizer.mpk", "state.json", MANIFEST_FILE];
+
+#[test]
+fn flipped_bytes_in_any_checkpoint_file_are_caught_and_resume_falls_back() {
+    let _guard = serial();
+    let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("damage");
+    let _ = std::fs::remove_dir_all(&root);
+    let config = short_config();
+    let device = Default::default();
+    let whole = root.join("whole");
+    train_with::<B>(&config, &corpus(), &whole, &options(), &device).unwrap();
+    // Stopped at step 6: checkpoints 4 and 6 on disk, rows up to 6 in metrics.csv.
+    let stopped = root.join("stopped");
+    let stop = RunOptions {
+        stop_at: Some(6),
+        ..options()
+    };
+    train_with::<B>(&config, &corpus(), &stopped, &stop, &device).unwrap();
+    let steps: Vec<usize> = list_checkpoints(&stopped)
+        .unwrap()
+        .into_iter()
+        .map(|(s, _)| s)
+        .collect();
+    assert_eq!(steps, [4, 6]);
+    assert_eq!(
+        verify_checkpoint(&checkpoint_dir(&stopped, 6)).unwrap(),
+        Verification::Verified
+    );
+
+    let mut draws = Draws(0x2545_F491_4F6C_DD1D);
+    for file in CHECKPOINT_FILES {
+        for trial in 0..3 {
+            let dir = root.join(format!("{file}-{trial}"));
+            copy_dir(&stopped, &dir);
+            let damaged = checkpoint_dir(&dir, 6).join(file);
+            // One byte, then several: a single flip is the hardest to see.
+            let offsets = flip_bytes(&damaged, 1 + 3 * trial, &mut draws);
+            let case = format!("{file} at {offsets:?}");
+
+            // Detected, naming the file.
+            match verify_checkpoint(&checkpoint_dir(&dir, 6)) {
+                Err(TrainError::CheckpointCorrupt { path, damage }) => {
+                    assert_eq!(path, damaged, "{case}: {damage}");
+                    if file == MANIFEST_FILE {
+                        assert!(matches!(damage, Damage::Manifest(_)), "{case}: {damage}");
+                    }
+                }
+                other => panic!("{case}: the damage went unnoticed: {other:?}"),
+            }
+            // Inference refuses the checkpoint rather than taking an older one.
+            let refused = load_trained::<Flex>(&dir, &Default::default()).unwrap_err();
+            assert!(
+                matches!(&refused, TrainError::CheckpointCorrupt { path, .. } if *path == damaged),
+                "{case}: {refused}"
+            );
+            assert!(refused.to_string().contains(&damaged.display().to_string()));
+
+            // The resume skips it, takes step 4, and ends where the uninterrupted run does.
+            let summary = train_with::<B>(&config, &corpus(), &dir, &options(), &device)
+                .unwrap_or_else(|e| panic!("{case}: {e}"));
+            assert_eq!(
+                (summary.resumed_from, summary.steps),
+                (Some(4), 8),
+                "{case}"
+            );
+            assert_same_run(&whole, &dir, &config);
+            assert_eq!(
+                verify_checkpoint(&checkpoint_dir(&dir, 6)).unwrap(),
+                Verification::Verified,
+                "{case}: the damaged checkpoint is written again"
+            );
+            std::fs::remove_dir_all(&dir).unwrap();
+        }
+    }
+    std::fs::remove_dir_all(root).unwrap();
+}
+
+#[test]
+fn a_run_whose_every_checkpoint_is_damaged_does_not_resume() {
+    let _guard = serial();
+    let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("all-damaged");
+    let _ = std::fs::remove_dir_all(&root);
+    let config = short_config();
+    let device = Default::default();
+    let stop = RunOptions {
+        stop_at: Some(6),
+        ..options()
+    };
+    train_with::<B>(&config, &corpus(), &root, &stop, &device).unwrap();
+    let mut draws = Draws(7);
+    let model6 = checkpoint_dir(&root, 6).join("model.mpk");
+    let optimizer4 = checkpoint_dir(&root, 4).join("optimizer.mpk");
+    flip_bytes(&model6, 1, &mut draws);
+    flip_bytes(&optimizer4, 1, &mut draws);
+    let metrics_before = std::fs::read(root.join("metrics.csv")).unwrap();
+    match train_with::<B>(&config, &corpus(), &root, &options(), &device) {
+        Err(e @ TrainError::NoGoodCheckpoint { .. }) => {
+            let TrainError::NoGoodCheckpoint { path, rejected } = &e else {
+                unreachable!()
+            };
+            assert_eq!(path, &root);
+            let files: Vec<&PathBuf> = rejected.iter().map(|(file, _)| file).collect();
+            assert_eq!(files, [&model6, &optimizer4], "newest first");
+            let message = e.to_string();
+            assert!(
+                message.contains("none of its checkpoints verifies"),
+                "{message}"
+            );
+        }
+        other => panic!("expected NoGoodCheckpoint, got {other:?}"),
+    }
+    // Nothing of the run was touched: a copy of the checkpoints can still be put back.
+    assert_eq!(
+        std::fs::read(root.join("metrics.csv")).unwrap(),
+        metrics_before
+    );
+    assert_eq!(list_checkpoints(&root).unwrap().len(), 2);
+    std::fs::remove_dir_all(root).unwrap();
+}
+
+#[test]
+fn a_divergence_names_only_a_checkpoint_that_still_verifies() {
+    let _guard = serial();
+    let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("diverge-damaged");
+    let _ = std::fs::remove_dir_all(&root);
+    let config = short_config();
+    let device = Default::default();
+    let stop = RunOptions {
+        stop_at: Some(6),
+        ..options()
+    };
+    train_with::<B>(&config, &corpus(), &root, &stop, &device).unwrap();
+    // Resumed from step 6 with a learning rate that diverges; step 6's weights are damaged on
+    // disk after they were loaded.
+    let mut bad = config.clone();
+    bad.lr = 1e30;
+    let allow = RunOptions {
+        allow_changes: vec!["lr"],
+        ..options()
+    };
+    let corpus = corpus();
+    let mut trainer =
+        Trainer::<B>::prepare(&bad, &corpus, &root, &allow, std::slice::from_ref(&device)).unwrap();
+    assert_eq!(trainer.steps_done(), 6);
+    flip_bytes(
+        &checkpoint_dir(&root, 6).join("model.mpk"),
+        1,
+        &mut Draws(11),
+    );
+    let error = loop {
+        match trainer.step() {
+            Ok(_) => assert!(!trainer.is_done(), "the run did not diverge"),
+            Err(e) => break e,
+        }
+    };
+    match &error {
+        TrainError::NonFinite { checkpoint, .. } => assert_eq!(
+            checkpoint.as_deref(),
+            Some(checkpoint_dir(&root, 4).as_path()),
+            "{error}"
+        ),
+        other => panic!("expected NonFinite, got {other:?}"),
+    }
+    std::fs::remove_dir_all(root).unwrap();
+}
+
+/// Turns the checkpoint in `dir` into one written before manifests: no manifest, `state.json`
+/// of format 3.
+fn make_unchecked(dir: &Path) {
+    std::fs::remove_file(dir.join(MANIFEST_FILE)).unwrap();
+    let path = dir.join("state.json");
+    let mut state: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    state["format"] = 3.into();
+    std::fs::write(&path, serde_json::to_vec_pretty(&state).unwrap()).unwrap();
+}
+
+#[test]
+fn a_checkpoint_from_before_manifests_still_resumes() {
+    let _guard = serial();
+    let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("unchecked");
+    let _ = std::fs::remove_dir_all(&root);
+    let config = short_config();
+    let device = Default::default();
+    let whole = root.join("whole");
+    train_with::<B>(&config, &corpus(), &whole, &options(), &device).unwrap();
+    let dir = root.join("old");
+    let stop = RunOptions {
+        stop_at: Some(6),
+        ..options()
+    };
+    train_with::<B>(&config, &corpus(), &dir, &stop, &device).unwrap();
+    let newest = checkpoint_dir(&dir, 6);
+    make_unchecked(&newest);
+    assert_eq!(list_checkpoints(&dir).unwrap().len(), 2, "it still counts");
+    assert_eq!(
+        verify_checkpoint(&newest).unwrap(),
+        Verification::NoManifest
+    );
+    load_trained::<Flex>(&dir, &Default::default()).unwrap();
+    let summary = train_with::<B>(&config, &corpus(), &dir, &options(), &device).unwrap();
+    assert_eq!((summary.resumed_from, summary.steps), (Some(6), 8));
+    assert_same_run(&whole, &dir, &config);
+    std::fs::remove_dir_all(root).unwrap();
+}
+
+#[test]
+fn a_truncated_checkpoint_file_is_named_as_such_with_or_without_a_manifest() {
+    let _guard = serial();
+    let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("truncated");
+    let _ = std::fs::remove_dir_all(&root);
+    let config = short_config();
+    let device = Default::default();
+    let whole = root.join("whole");
+    train_with::<B>(&config, &corpus(), &whole, &options(), &device).unwrap();
+    let dir = root.join("cut");
+    let stop = RunOptions {
+        stop_at: Some(6),
+        ..options()
+    };
+    train_with::<B>(&config, &corpus(), &dir, &stop, &device).unwrap();
+    let newest = checkpoint_dir(&dir, 6);
+    let model = newest.join("model.mpk");
+    let bytes = std::fs::read(&model).unwrap();
+    std::fs::write(&model, &bytes[..bytes.len() / 2]).unwrap();
+    let expected = format!(
+        "checkpoint file {} is truncated or corrupt",
+        model.display()
+    );
+
+    let err = verify_checkpoint(&newest).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            TrainError::CheckpointCorrupt {
+                damage: Damage::Size { .. },
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().starts_with(&expected), "{err}");
+
+    // Without a manifest only decoding can tell; Burn's text about its record formats of 2024
+    // is not shown.
+    make_unchecked(&newest);
+    let err = load_trained::<Flex>(&dir, &Default::default()).unwrap_err();
+    let message = err.to_string();
+    assert!(
+        matches!(
+            err,
+            TrainError::CheckpointCorrupt {
+                damage: Damage::Undecodable(_),
+                ..
+            }
+        ),
+        "{message}"
+    );
+    assert!(message.starts_with(&expected), "{message}");
+    assert!(!message.contains("backward-compat"), "{message}");
+    // A resume falls back to the checkpoint before it.
+    let summary = train_with::<B>(&config, &corpus(), &dir, &options(), &device).unwrap();
+    assert_eq!((summary.resumed_from, summary.steps), (Some(4), 8));
+    assert_same_run(&whole, &dir, &config);
     std::fs::remove_dir_all(root).unwrap();
 }

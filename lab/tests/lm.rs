@@ -473,10 +473,16 @@ fn only_the_last_k_checkpoints_are_kept() {
         Err(TrainError::RunExists { what, .. }) => assert!(what.contains("step 6"), "{what}"),
         other => panic!("expected RunExists, got {other:?}"),
     }
-    // An incomplete checkpoint (no state.json: interrupted while writing) does not count.
+    // An incomplete checkpoint (interrupted while writing: no manifest, with or without its
+    // state.json) does not count.
     let partial = dir.join("checkpoints/step-0000009");
     std::fs::create_dir_all(&partial).unwrap();
     std::fs::write(partial.join("model.mpk"), b"half").unwrap();
+    assert_eq!(steps(&dir), [5, 6]);
+    let newest = dir.join("checkpoints/step-0000006");
+    for file in ["model.mpk", "optimizer.mpk", "state.json"] {
+        std::fs::copy(newest.join(file), partial.join(file)).unwrap();
+    }
     assert_eq!(steps(&dir), [5, 6]);
     // Resuming a finished run changes nothing.
     let again = train::<B>(&config, &corpus, &dir, true, &device).unwrap();
@@ -485,6 +491,10 @@ fn only_the_last_k_checkpoints_are_kept() {
         (Some(6), 6, summary.val_loss)
     );
     assert_eq!(read_metrics(&dir.join("metrics.csv")).unwrap().len(), 6);
+    assert!(
+        !partial.exists(),
+        "the resume removes the incomplete checkpoint"
+    );
 }
 
 #[test]
@@ -883,6 +893,96 @@ fn a_run_folder_loads_for_inference_and_generates() {
     std::fs::write(&path, json.to_string()).unwrap();
     let (_, config, _) = load_trained::<Flex>(&dir, &device).unwrap();
     assert_eq!(config.corpus.train_hash, None);
+}
+
+/// Sets `model.<field>` of the run's `config.json` to `value`.
+fn edit_model_field(dir: &Path, field: &str, value: serde_json::Value) {
+    let path = dir.join("config.json");
+    let mut json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    json["model"][field] = value;
+    std::fs::write(&path, serde_json::to_string_pretty(&json).unwrap()).unwrap();
+}
+
+#[test]
+fn a_config_json_edited_after_training_is_refused_naming_the_field() {
+    use coupled_qk_lab::lm::load_trained;
+    let _guard = serial();
+    let corpus = corpus();
+    let dir = out_dir("edited-config");
+    let device = Default::default();
+    let config = tiny(2);
+    train_with::<B>(&config, &corpus, &dir, &quiet(), &device).unwrap();
+    let original = std::fs::read(dir.join("config.json")).unwrap();
+    let json: serde_json::Value = serde_json::from_slice(&original).unwrap();
+    assert_eq!(json["model"]["attention"], "euler1");
+    // Each edit builds a model the checkpoint's weights do not belong to: d_model and n_heads
+    // change shapes (or how they are read), leapfrog reads Euler's weights of the same shapes.
+    for (field, value) in [
+        ("d_model", serde_json::json!(64)),
+        ("n_heads", serde_json::json!(2)),
+        ("attention", serde_json::json!("leapfrog1")),
+    ] {
+        edit_model_field(&dir, field, value.clone());
+        let err = load_trained::<Flex>(&dir, &device).unwrap_err();
+        match &err {
+            TrainError::CheckpointMismatch { changes, .. } => {
+                let fields: Vec<&str> = changes.iter().map(|c| c.field.as_str()).collect();
+                assert_eq!(fields, [format!("model.{field}")], "{err}");
+                assert_eq!(changes[0].new, value.to_string(), "{err}");
+            }
+            other => panic!("{field}: expected CheckpointMismatch, got {other}"),
+        }
+        assert!(err.to_string().contains("config.json"), "{err}");
+        std::fs::write(dir.join("config.json"), &original).unwrap();
+    }
+    // A resume with the same edit in both the config and config.json is refused too.
+    let mut leapfrog = config.clone();
+    leapfrog.model.attention = "leapfrog1".parse().unwrap();
+    leapfrog.max_steps = 3;
+    edit_model_field(&dir, "attention", serde_json::json!("leapfrog1"));
+    let resume = RunOptions {
+        resume: true,
+        allow_changes: vec!["max_steps"],
+        ..quiet()
+    };
+    let err = train_with::<B>(&leapfrog, &corpus, &dir, &resume, &device).unwrap_err();
+    assert!(
+        matches!(&err, TrainError::CheckpointMismatch { changes, .. } if changes.len() == 1 && changes[0].field == "model.attention"),
+        "{err}"
+    );
+    std::fs::write(dir.join("config.json"), &original).unwrap();
+    load_trained::<Flex>(&dir, &device).unwrap();
+}
+
+#[test]
+fn a_checkpoint_without_its_model_config_is_checked_by_parameter_shapes() {
+    use coupled_qk_lab::lm::{MANIFEST_FILE, load_trained};
+    let _guard = serial();
+    let corpus = corpus();
+    let dir = out_dir("unrecorded-model");
+    let device = Default::default();
+    train_with::<B>(&tiny(2), &corpus, &dir, &quiet(), &device).unwrap();
+    // As written before checkpoints had a manifest or recorded their model.
+    let checkpoint = dir.join("checkpoints/step-0000002");
+    std::fs::remove_file(checkpoint.join(MANIFEST_FILE)).unwrap();
+    let path = checkpoint.join("state.json");
+    let mut state: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    state["format"] = 3.into();
+    assert!(state.as_object_mut().unwrap().remove("model").is_some());
+    std::fs::write(&path, serde_json::to_vec_pretty(&state).unwrap()).unwrap();
+    load_trained::<Flex>(&dir, &device).unwrap();
+
+    edit_model_field(&dir, "d_model", serde_json::json!(64));
+    let err = load_trained::<Flex>(&dir, &device).unwrap_err();
+    let message = err.to_string();
+    assert!(
+        matches!(err, TrainError::Corrupt { .. })
+            && message.contains("has shape [256, 128] in the checkpoint, but [256, 64]")
+            && message.contains("another architecture"),
+        "{message}"
+    );
 }
 
 #[test]

@@ -1,28 +1,36 @@
-//! Checkpoints: `out_dir/checkpoints/step-0000100/{model.mpk, optimizer.mpk, state.json}`.
+//! Checkpoints: `out_dir/checkpoints/step-0000100/{model.mpk, optimizer.mpk, state.json,
+//! manifest.json}`.
 //!
-//! Each file is written atomically (temporary file, sync, rename), and `state.json` last: a
-//! checkpoint counts only once its `state.json` exists, so an interrupt at any moment leaves
-//! either a complete checkpoint or one that is ignored (and later pruned).
+//! Each file is written atomically (temporary file, sync, rename), and the manifest (the size and
+//! XXH64 digest of the other files, see [`super::manifest`]) last: a checkpoint counts only once
+//! its manifest exists, so an interrupt at any moment leaves either a complete checkpoint or one
+//! that is ignored (and later pruned). Every read compares the files with the manifest first, so
+//! a damaged checkpoint is refused instead of decoding into other weights. Checkpoints written
+//! before manifests existed (`state.json` format 3, no manifest) still load, unchecked.
 //!
 //! The records are Burn's named MessagePack at full precision: bit-exact `f32` weights and
 //! optimiser moments (exact resume needs both), and, unlike the bincode recorder, an error rather
 //! than a panic on a damaged file.
 
-use super::TrainError;
+use super::manifest::{CheckedFolder, Damage, MANIFEST_FILE, Verification, write_manifest};
+use super::{FieldChange, TrainError, differing_fields};
 use crate::atomic;
 use burn::module::Module;
 use burn::optim::Optimizer;
 use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Recorder};
 use burn::tensor::backend::AutodiffBackend;
-use coupled_qk::model::Gpt;
+use coupled_qk::model::{Gpt, GptConfig};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
 const MODEL: &str = "model.mpk";
 const OPTIMIZER: &str = "optimizer.mpk";
 const STATE: &str = "state.json";
-/// 3 since each coupled layer's dynamics are a `QkDynamics` enum (older records do not load).
-const FORMAT: u32 = 3;
+/// 4 since each checkpoint has a manifest and records its model's config; 3 (each coupled
+/// layer's dynamics a `QkDynamics` enum) still loads, without either. Older records do not load.
+const FORMAT: u32 = 4;
+/// The last format without a manifest.
+const FORMAT_WITHOUT_MANIFEST: u32 = 3;
 
 /// The loop's own state at a checkpoint (the model and optimiser have their records).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -38,21 +46,47 @@ pub struct CheckpointState {
     /// The training losses of the steps since the last metrics row, so a resumed run writes the
     /// same next row. Stored as text: JSON parsers need not round-trip floats exactly.
     pub pending_losses: Vec<String>,
+    /// The config of the model whose records the checkpoint holds, so that a checkpoint read
+    /// with another config (an edited `config.json`) is refused, naming the field: records of
+    /// the same shapes (Euler's and leapfrog's) would otherwise load without a word. `None` in
+    /// checkpoints written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<serde_json::Value>,
 }
 
 impl CheckpointState {
-    /// Its file in a checkpoint folder, written last: a folder without it is incomplete.
+    /// Its file in a checkpoint folder.
     pub const FILE: &'static str = STATE;
 
-    /// The state after `step` steps.
-    pub fn new(step: usize, tokens: u64, elapsed_s: f64, pending_losses: &[f64]) -> Self {
+    /// The state after `step` steps of training `model`.
+    pub fn new(
+        step: usize,
+        tokens: u64,
+        elapsed_s: f64,
+        pending_losses: &[f64],
+        model: &GptConfig,
+    ) -> Self {
         CheckpointState {
             format: FORMAT,
             step,
             tokens,
             elapsed_s,
             pending_losses: pending_losses.iter().map(f64::to_string).collect(),
+            model: Some(serde_json::to_value(model).expect("a GptConfig serialises")),
         }
+    }
+
+    /// The fields in which `config` differs from the model the checkpoint was written by (old:
+    /// the checkpoint's value, new: the config's); none where the checkpoint does not record it.
+    pub fn model_changes(&self, config: &GptConfig) -> Vec<FieldChange> {
+        let Some(recorded) = &self.model else {
+            return Vec::new();
+        };
+        let wrap = |model: serde_json::Value| serde_json::json!({ "model": model });
+        differing_fields(
+            &wrap(recorded.clone()),
+            &wrap(serde_json::to_value(config).expect("a GptConfig serialises")),
+        )
     }
 
     /// The pending losses as numbers.
@@ -74,15 +108,35 @@ pub fn checkpoint_dir(out_dir: &Path, step: usize) -> PathBuf {
     checkpoints_dir(out_dir).join(format!("step-{step:07}"))
 }
 
-/// The complete checkpoints of a run (those with a `state.json`), oldest first.
+/// The complete checkpoints of a run (see [`is_complete`]), oldest first. Damaged ones are
+/// listed too: reading them is refused.
 pub fn list_checkpoints(out_dir: &Path) -> Result<Vec<(usize, PathBuf)>, TrainError> {
     Ok(all_checkpoint_dirs(out_dir)?
         .into_iter()
-        .filter(|(_, dir)| dir.join(STATE).is_file())
+        .filter(|(_, dir)| is_complete(dir))
         .collect())
 }
 
-/// Every `step-*` folder, complete or not, oldest first.
+/// Whether a checkpoint folder was written to the end: it has its manifest, or it predates
+/// manifests (a `state.json` of format 3, or one too damaged to tell). A `state.json` of the
+/// current format without a manifest is a write that was interrupted.
+pub(super) fn is_complete(dir: &Path) -> bool {
+    #[derive(Deserialize)]
+    struct Format {
+        format: u32,
+    }
+    if dir.join(MANIFEST_FILE).is_file() {
+        return true;
+    }
+    let Ok(bytes) = std::fs::read(dir.join(STATE)) else {
+        return false;
+    };
+    match serde_json::from_slice::<Format>(&bytes) {
+        Ok(state) => state.format <= FORMAT_WITHOUT_MANIFEST,
+        Err(_) => true,
+    }
+}
+
 /// Every checkpoint folder of a run, complete or not, oldest first.
 pub(super) fn all_checkpoint_dirs(out_dir: &Path) -> Result<Vec<(usize, PathBuf)>, TrainError> {
     let root = checkpoints_dir(out_dir);
@@ -123,11 +177,13 @@ where
 {
     let dir = checkpoint_dir(out_dir, state.step);
     // A folder left by an earlier attempt at this step stops counting before it is overwritten.
-    match std::fs::remove_file(dir.join(STATE)) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            return Err(TrainError::io("remove", dir.join(STATE), e));
+    for file in [MANIFEST_FILE, STATE] {
+        match std::fs::remove_file(dir.join(file)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(TrainError::io("remove", dir.join(file), e));
+            }
+            _ => {}
         }
-        _ => {}
     }
     let record_error = |file: &str, e: burn::record::RecorderError| TrainError::Corrupt {
         path: dir.join(file),
@@ -139,19 +195,27 @@ where
     let optimizer_bytes = Recorder::<B>::record(&recorder(), optimizer.to_record(), ())
         .map_err(|e| record_error(OPTIMIZER, e))?;
     let state_json = serde_json::to_vec_pretty(state).expect("a CheckpointState always serialises");
-    for (file, bytes) in [
+    let files: [(&str, &[u8]); 3] = [
         (MODEL, &model_bytes),
         (OPTIMIZER, &optimizer_bytes),
         (STATE, &state_json),
-    ] {
+    ];
+    for (file, bytes) in files {
         let path = dir.join(file);
         atomic::write(&path, bytes).map_err(|e| TrainError::io("write", path, e))?;
     }
+    write_manifest(&dir, &files)?;
     Ok(dir)
 }
 
 /// Loads the checkpoint in `dir` into `model` and `optimizer` (freshly built with the same
-/// config: the records bring the weights, the parameter ids and the optimiser's moments).
+/// config: the records bring the weights, the parameter ids and the optimiser's moments), once
+/// every file matches the manifest.
+///
+/// # Errors
+/// [`TrainError::CheckpointCorrupt`] naming a file that does not match its manifest or does not
+/// decode; [`TrainError::Corrupt`] for a checkpoint of another format or whose parameters do not
+/// fit `model`; I/O errors.
 pub fn load_checkpoint<B, O>(
     dir: &Path,
     model: Gpt<B>,
@@ -162,49 +226,147 @@ where
     B: AutodiffBackend,
     O: Optimizer<Gpt<B>, B>,
 {
-    let corrupt = |file: &str, message: String| TrainError::Corrupt {
-        path: dir.join(file),
-        message,
-        hint: "delete this checkpoint folder to resume from the previous one",
-    };
-    let read = |file: &str| {
-        let path = dir.join(file);
-        std::fs::read(&path).map_err(|e| TrainError::io("read", path, e))
-    };
+    let mut folder = CheckedFolder::open(dir)?;
+    let state = read_state(&mut folder, dir)?;
+    let model_bytes = folder.read(MODEL)?;
+    let optimizer_bytes = folder.read(OPTIMIZER)?;
+    folder.check_rest()?;
+    let model_record = decode::<B, _>(model_bytes, dir, MODEL, device)?;
+    let optimizer_record = decode::<B, _>(optimizer_bytes, dir, OPTIMIZER, device)?;
+    let model = fit_record(model, model_record, &dir.join(MODEL))?;
+    Ok((model, optimizer.load_record(optimizer_record), state))
+}
+
+/// Loads the newest of `checkpoints` (oldest first) whose files all match their manifest,
+/// skipping damaged ones with a note (a damaged checkpoint is never used): the model, the
+/// optimiser (from `new_optimizer`), the state and the folder.
+///
+/// # Errors
+/// [`TrainError::NoGoodCheckpoint`] when every checkpoint is damaged, and the errors of
+/// [`load_checkpoint`] other than damage (a checkpoint of another architecture or format stops
+/// the resume rather than silently falling back).
+pub(super) fn load_newest_good<B, O>(
+    out_dir: &Path,
+    checkpoints: &[(usize, PathBuf)],
+    model: Gpt<B>,
+    new_optimizer: impl Fn() -> O,
+    device: &B::Device,
+    say: &dyn Fn(String),
+) -> Result<(Gpt<B>, O, CheckpointState, PathBuf), TrainError>
+where
+    B: AutodiffBackend,
+    O: Optimizer<Gpt<B>, B>,
+{
+    let mut rejected = Vec::new();
+    for (_, dir) in checkpoints.iter().rev() {
+        match load_checkpoint(dir, model.clone(), new_optimizer(), device) {
+            Ok((model, optimizer, state)) => {
+                if !rejected.is_empty() {
+                    say(format!(
+                        "note: resuming from {} instead, the newest checkpoint that verifies",
+                        dir.display()
+                    ));
+                }
+                if state.format == FORMAT_WITHOUT_MANIFEST {
+                    say(unverified_warning(dir));
+                }
+                return Ok((model, optimizer, state, dir.clone()));
+            }
+            Err(TrainError::CheckpointCorrupt { path, damage }) => {
+                say(format!(
+                    "note: checkpoint file {} is {damage}: skipping the checkpoint {}",
+                    path.display(),
+                    dir.display()
+                ));
+                rejected.push((path, damage));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(TrainError::NoGoodCheckpoint {
+        path: out_dir.to_path_buf(),
+        rejected,
+    })
+}
+
+/// The message of a checkpoint read without a manifest, for the programs to print.
+pub fn unverified_warning(dir: &Path) -> String {
+    format!(
+        "warning: checkpoint {} has no {MANIFEST_FILE} (it was written before checkpoints were \
+         checksummed): its files are used without a check",
+        dir.display()
+    )
+}
+
+/// The checkpoint's `state.json`, read through the manifest, of a format this build reads.
+fn read_state(folder: &mut CheckedFolder, dir: &Path) -> Result<CheckpointState, TrainError> {
+    let bytes = folder.read(STATE)?;
     let state: CheckpointState =
-        serde_json::from_slice(&read(STATE)?).map_err(|e| corrupt(STATE, e.to_string()))?;
-    if state.format != FORMAT {
+        serde_json::from_slice(&bytes).map_err(|_| TrainError::CheckpointCorrupt {
+            path: dir.join(STATE),
+            damage: Damage::Undecodable("state"),
+        })?;
+    let readable = match folder.verification() {
+        Verification::Verified => state.format == FORMAT,
+        Verification::NoManifest if state.format == FORMAT => {
+            // Written by this format, but its manifest is gone: not a complete checkpoint.
+            return Err(TrainError::CheckpointCorrupt {
+                path: dir.join(MANIFEST_FILE),
+                damage: Damage::Missing,
+            });
+        }
+        Verification::NoManifest => state.format == FORMAT_WITHOUT_MANIFEST,
+    };
+    if !readable {
         // Format 1 stored each block's attention as a plain struct; since BlockAttention (an enum
         // of coupled and differential attention) its records do not load.
         return Err(TrainError::Corrupt {
             path: dir.join(STATE),
             message: format!(
-                "checkpoint format {} (this build reads {FORMAT})",
+                "checkpoint format {} (this build reads {FORMAT_WITHOUT_MANIFEST} and {FORMAT})",
                 state.format
             ),
             hint: "it was written by another version of the harness; start the run afresh in a new folder",
         });
     }
-    let model_record = Recorder::<B>::load(&recorder(), read(MODEL)?, device).map_err(|e| {
-        corrupt(
-            MODEL,
-            format!("{e} (was it written by a model of another config?)"),
-        )
-    })?;
-    let optimizer_record = Recorder::<B>::load(&recorder(), read(OPTIMIZER)?, device)
-        .map_err(|e| corrupt(OPTIMIZER, e.to_string()))?;
+    Ok(state)
+}
+
+/// Decodes a record, Burn's error (which speaks of record formats of old Burn versions) replaced
+/// by what it means here: the file is cut short or damaged.
+fn decode<B: burn::tensor::backend::Backend, R: burn::record::Record<B>>(
+    bytes: Vec<u8>,
+    dir: &Path,
+    file: &str,
+    device: &B::Device,
+) -> Result<R, TrainError> {
+    Recorder::<B>::load(&recorder(), bytes, device).map_err(|_| TrainError::CheckpointCorrupt {
+        path: dir.join(file),
+        damage: Damage::Undecodable(if file == MODEL {
+            "model record"
+        } else {
+            "optimiser record"
+        }),
+    })
+}
+
+/// `model` with the weights of `record`, once every parameter's shape is the model's.
+fn fit_record<B: burn::tensor::backend::Backend>(
+    model: Gpt<B>,
+    record: <Gpt<B> as Module<B>>::Record,
+    path: &Path,
+) -> Result<Gpt<B>, TrainError> {
     // Burn's `load_record` takes a tensor of any shape (and panics on a different number of
     // blocks): compare every parameter with the model the config builds.
     let mismatch = |message: String| TrainError::Corrupt {
-        path: dir.join(MODEL),
+        path: path.to_path_buf(),
         message: format!("{message}: the checkpoint belongs to another architecture"),
-        hint: "resume with the model settings of the run's config.json, or start a new folder",
+        hint: "load it with the model settings of the run's config.json, or start a new folder",
     };
     let expected = param_shapes(&model);
-    let model = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        model.load_record(model_record)
-    }))
-    .map_err(|_| mismatch("its record does not fit the model".into()))?;
+    let model =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| model.load_record(record)))
+            .map_err(|_| mismatch("its record does not fit the model".into()))?;
     let loaded = param_shapes(&model);
     if loaded.len() != expected.len() {
         return Err(mismatch(format!(
@@ -220,15 +382,20 @@ where
             want.0, got.1, want.1
         )));
     }
-    Ok((model, optimizer.load_record(optimizer_record), state))
+    Ok(model)
 }
 
 /// The trained model of a run folder, for inference on any backend: the model its `config.json`
-/// describes, with the weights of its newest complete checkpoint (the optimiser state is not
-/// read). Returns the run's config too.
+/// describes, with the weights of its newest complete checkpoint (every file of which must match
+/// the checkpoint's manifest; the optimiser state is checked, not decoded). Returns the run's
+/// config too.
 ///
 /// # Errors
-/// A folder without `config.json` or without a complete checkpoint, and unreadable files.
+/// A folder without `config.json` or without a complete checkpoint;
+/// [`TrainError::CheckpointCorrupt`] for a damaged checkpoint (no older one is taken in its
+/// place: generating from other weights than asked for would mislead);
+/// [`TrainError::CheckpointMismatch`] for a `config.json` that describes another model than the
+/// checkpoint's; unreadable files.
 pub fn load_trained<B: burn::tensor::backend::Backend>(
     out_dir: &Path,
     device: &B::Device,
@@ -251,16 +418,36 @@ pub fn load_trained<B: burn::tensor::backend::Backend>(
             hint: "train the run (or resume it) until it writes one",
         });
     };
+    let mut folder = CheckedFolder::open(&dir)?;
+    let state = read_state(&mut folder, &dir)?;
+    let model_bytes = folder.read(MODEL)?;
+    if folder.check_rest()? == Verification::NoManifest {
+        eprintln!("{}", unverified_warning(&dir));
+    }
+    let changes = state.model_changes(&config.train.model);
+    if !changes.is_empty() {
+        return Err(TrainError::CheckpointMismatch {
+            checkpoint: dir,
+            config: config_path,
+            changes,
+        });
+    }
     let model: Gpt<B> = config.train.model.try_init(device)?;
-    let path = dir.join(MODEL);
-    let bytes = std::fs::read(&path).map_err(|e| TrainError::io("read", &path, e))?;
-    let record =
-        Recorder::<B>::load(&recorder(), bytes, device).map_err(|e| TrainError::Corrupt {
-            path: path.clone(),
-            message: e.to_string(),
-            hint: "delete this checkpoint folder to use the previous one",
-        })?;
-    Ok((model.load_record(record), config, step))
+    let record = decode::<B, _>(model_bytes, &dir, MODEL, device)?;
+    let model = fit_record(model, record, &dir.join(MODEL))?;
+    Ok((model, config, step))
+}
+
+/// The newest checkpoint of the run in `out_dir`, at most `up_to` steps, whose files all match
+/// its manifest (or that predates manifests): the one a divergence may name as good.
+pub(super) fn newest_good_checkpoint(out_dir: &Path, up_to: usize) -> Option<PathBuf> {
+    let checkpoints = list_checkpoints(out_dir).ok()?;
+    checkpoints
+        .into_iter()
+        .rev()
+        .filter(|(step, _)| *step <= up_to)
+        .find(|(_, dir)| super::verify_checkpoint(dir).is_ok())
+        .map(|(_, dir)| dir)
 }
 
 /// Every float parameter's path and shape, in visiting order.
@@ -296,7 +483,7 @@ pub fn prune_checkpoints(out_dir: &Path, keep: usize) -> Result<(), TrainError> 
     let all = all_checkpoint_dirs(out_dir)?;
     let complete: Vec<usize> = all
         .iter()
-        .filter(|(_, dir)| dir.join(STATE).is_file())
+        .filter(|(_, dir)| is_complete(dir))
         .map(|(step, _)| *step)
         .collect();
     let Some(&newest) = complete.last() else {
@@ -305,7 +492,9 @@ pub fn prune_checkpoints(out_dir: &Path, keep: usize) -> Result<(), TrainError> 
     let kept = &complete[complete.len().saturating_sub(keep)..];
     for (step, dir) in all {
         if step < newest && !kept.contains(&step) {
-            // state.json first, so a folder half-deleted by an interrupt no longer counts.
+            // The manifest and state.json first, so a folder half-deleted by an interrupt no
+            // longer counts.
+            let _ = std::fs::remove_file(dir.join(MANIFEST_FILE));
             let _ = std::fs::remove_file(dir.join(STATE));
             std::fs::remove_dir_all(&dir).map_err(|e| TrainError::io("remove", dir, e))?;
         }

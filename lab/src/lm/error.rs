@@ -1,6 +1,6 @@
 //! What can stop a training run, each naming the path involved and what to do about it.
 
-use super::FieldChange;
+use super::{Damage, FieldChange};
 use crate::data::DataError;
 use std::path::PathBuf;
 
@@ -100,6 +100,53 @@ pub enum TrainError {
         /// What to do.
         hint: &'static str,
     },
+    /// A checkpoint file whose bytes are not those its manifest records, or that does not
+    /// decode: the checkpoint is not used.
+    #[error(
+        "checkpoint file {} is {damage}. This checkpoint cannot be used: delete its folder to \
+         fall back to the previous checkpoint (a resume skips it by itself)",
+        path.display()
+    )]
+    CheckpointCorrupt {
+        /// The damaged file (the manifest, where it is the manifest that is damaged).
+        path: PathBuf,
+        /// What is wrong with it.
+        damage: Damage,
+    },
+    /// A resume where every checkpoint of the run is damaged.
+    #[error(
+        "cannot resume the run in {}: none of its checkpoints verifies ({}). Restore the \
+         checkpoints from a copy, or start the run afresh in a new folder",
+        path.display(),
+        rejected
+            .iter()
+            .map(|(file, damage)| format!("{} is {damage}", file.display()))
+            .collect::<Vec<_>>()
+            .join("; ")
+    )]
+    NoGoodCheckpoint {
+        /// The run's folder.
+        path: PathBuf,
+        /// Each checkpoint's damaged file and its damage, newest first.
+        rejected: Vec<(PathBuf, Damage)>,
+    },
+    /// A checkpoint whose model is not the one the run's config describes (an edited
+    /// `config.json`, or a checkpoint copied from another run).
+    #[error(
+        "the checkpoint {} holds another model than {} describes, in {} (the checkpoint's \
+         value first). Restore the config the run was trained with, or start a new run",
+        checkpoint.display(),
+        config.display(),
+        changes.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(", ")
+    )]
+    CheckpointMismatch {
+        /// The checkpoint folder.
+        checkpoint: PathBuf,
+        /// The config it was compared with.
+        config: PathBuf,
+        /// The model fields that differ.
+        changes: Vec<FieldChange>,
+    },
     /// A non-finite training (or final validation) loss: the run stops before its state is
     /// checkpointed.
     #[error(
@@ -120,7 +167,8 @@ pub enum TrainError {
         step: usize,
         /// The loss.
         loss: f64,
-        /// The newest checkpoint on disk, all of whose weights gave finite losses.
+        /// The newest checkpoint on disk that verifies against its manifest (all checkpoints'
+        /// weights gave finite losses).
         checkpoint: Option<PathBuf>,
     },
     /// The loss plot could not be drawn.

@@ -8,6 +8,7 @@ mod config;
 mod dynamics_log;
 mod error;
 mod eval;
+mod manifest;
 mod metrics;
 mod parallel;
 mod plot;
@@ -17,7 +18,7 @@ mod trainer;
 
 pub use checkpoint::{
     CheckpointState, checkpoint_dir, checkpoints_dir, list_checkpoints, load_checkpoint,
-    load_trained, prune_checkpoints, save_checkpoint,
+    load_trained, prune_checkpoints, save_checkpoint, unverified_warning,
 };
 pub use clip::clip_global_norm;
 pub use config::{
@@ -27,6 +28,7 @@ pub use config::{
 pub use dynamics_log::{DYNAMICS_HEADER, DynamicsLog, DynamicsRow, write_dynamics_plot};
 pub use error::TrainError;
 pub use eval::{Validation, batch_loss, batch_nats, batch_tensors, evaluate};
+pub use manifest::{Damage, MANIFEST_FILE, Verification, verify_checkpoint};
 pub use metrics::{HEADER, MetricsLog, MetricsRow, read_metrics, read_metrics_until};
 pub use parallel::{batch_gradients, sharded_gradients};
 pub use plot::write_loss_plot;

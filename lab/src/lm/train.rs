@@ -2,7 +2,7 @@
 //! [`Trainer`], the options of a run and its summary.
 
 use super::checkpoint::list_checkpoints;
-use super::config::{OPTIMISER_FIELDS, RecordedChange, RunConfig, differing_fields};
+use super::config::{FieldChange, OPTIMISER_FIELDS, RecordedChange, RunConfig, differing_fields};
 use super::trainer::Trainer;
 use super::{TrainConfig, TrainError};
 use crate::data::TokenizedCorpus;
@@ -134,13 +134,20 @@ pub fn train_on_devices<B: AutodiffBackend>(
     Trainer::<B>::prepare(config, corpus, out_dir, options, devices)?.run()
 }
 
-/// Where a run starts: the newest complete checkpoint to resume from (its step and folder), or
-/// `None` for a fresh start; and the settings changed on resume, this one's included.
-pub(super) type Start = (Option<(usize, PathBuf)>, Vec<RecordedChange>);
+/// Where a run starts, as [`resolve_start`] decides it.
+pub(super) struct Start {
+    /// The complete checkpoints to resume from, oldest first (the newest one that verifies is
+    /// taken), or `None` for a fresh start.
+    pub checkpoints: Option<Vec<(usize, PathBuf)>>,
+    /// The settings this resume changes.
+    pub changes: Vec<FieldChange>,
+    /// The settings changed by earlier resumes.
+    pub history: Vec<RecordedChange>,
+}
 
-/// Decides between a fresh run and a resume, checking the folder and the config: the newest
-/// complete checkpoint to resume from (or `None` for a fresh start), and the record of settings
-/// changed on resume, this one's included.
+/// Decides between a fresh run and a resume, checking the folder and the config: the complete
+/// checkpoints to resume from (or `None` for a fresh start), the settings this resume changes,
+/// and the record of earlier changes.
 pub(super) fn resolve_start(
     out_dir: &Path,
     run_config: &RunConfig,
@@ -149,6 +156,11 @@ pub(super) fn resolve_start(
 ) -> Result<Start, TrainError> {
     let config_path = out_dir.join("config.json");
     let checkpoints = list_checkpoints(out_dir)?;
+    let fresh = Start {
+        checkpoints: None,
+        changes: Vec::new(),
+        history: Vec::new(),
+    };
     if !options.resume {
         if config_path.exists() || !checkpoints.is_empty() {
             let what = match checkpoints.last() {
@@ -172,15 +184,15 @@ pub(super) fn resolve_start(
                 first,
             });
         }
-        return Ok((None, Vec::new()));
+        return Ok(fresh);
     }
-    let Some(newest) = checkpoints.last().cloned() else {
+    if checkpoints.is_empty() {
         say(format!(
             "no complete checkpoint in {}: starting a fresh run",
             out_dir.display()
         ));
-        return Ok((None, Vec::new()));
-    };
+        return Ok(fresh);
+    }
     let new: serde_json::Value =
         serde_json::from_str(&run_config.to_json()).expect("our own JSON parses");
     let old: Option<serde_json::Value> = match std::fs::read_to_string(&config_path) {
@@ -194,7 +206,7 @@ pub(super) fn resolve_start(
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && options.allow_config_change => None,
         Err(e) => return Err(TrainError::io("read", &config_path, e)),
     };
-    let mut history: Vec<RecordedChange> = old
+    let history: Vec<RecordedChange> = old
         .as_ref()
         .and_then(|old| old.get("changes"))
         .and_then(|c| serde_json::from_value(c.clone()).ok())
@@ -212,20 +224,12 @@ pub(super) fn resolve_start(
                 changes,
             });
         }
-        let list: Vec<String> = changes.iter().map(|c| c.to_string()).collect();
-        say(format!(
-            "resuming from step {} with changed settings: {}",
-            newest.0,
-            list.join(", ")
-        ));
-        history.extend(changes.into_iter().map(|c| RecordedChange {
-            step: newest.0,
-            field: c.field,
-            old: c.old,
-            new: c.new,
-        }));
     }
-    Ok((Some(newest), history))
+    Ok(Start {
+        checkpoints: Some(checkpoints),
+        changes,
+        history,
+    })
 }
 
 pub(super) fn progress_bar(quiet: bool, stop: usize, position: usize) -> ProgressBar {

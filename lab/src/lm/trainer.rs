@@ -7,10 +7,11 @@
 //! and a checkpoint holds the weights, the parameter ids and AdamW's moments at full precision.
 
 use super::checkpoint::{
-    CheckpointState, all_checkpoint_dirs, load_checkpoint, prune_checkpoints, save_checkpoint,
+    CheckpointState, all_checkpoint_dirs, is_complete, load_newest_good, newest_good_checkpoint,
+    prune_checkpoints, save_checkpoint,
 };
 use super::clip::clip_global_norm;
-use super::config::{InitWeights, RunConfig};
+use super::config::{InitWeights, RecordedChange, RunConfig};
 use super::dynamics_log::{DynamicsLog, write_dynamics_plot};
 use super::eval::{batch_loss, batch_tensors, evaluate};
 use super::metrics::{MetricsLog, MetricsRow, read_metrics_until};
@@ -62,7 +63,6 @@ pub struct Trainer<'a, B: AutodiffBackend> {
     extra_params: usize,
     log: MetricsLog,
     rows: Vec<MetricsRow>,
-    last_checkpoint: Option<PathBuf>,
     resumed_step: Option<usize>,
     step: usize,
     tokens: u64,
@@ -128,8 +128,8 @@ fn lock_folder(out_dir: &Path) -> Result<std::fs::File, TrainError> {
 }
 
 /// Removes what a killed run left in its folder: temporary files of interrupted writes and
-/// checkpoint folders without their `state.json` (incomplete). Only with the folder's lock
-/// held, when no live process writes there.
+/// incomplete checkpoint folders (no manifest). Only with the folder's lock held, when no live
+/// process writes there.
 fn remove_leftovers(out_dir: &Path) -> Result<(), TrainError> {
     let clean = |dir: &Path| {
         atomic::remove_stale_temps(dir)
@@ -138,7 +138,7 @@ fn remove_leftovers(out_dir: &Path) -> Result<(), TrainError> {
     };
     clean(out_dir)?;
     for (_, dir) in all_checkpoint_dirs(out_dir)? {
-        if dir.join(CheckpointState::FILE).is_file() {
+        if is_complete(&dir) {
             clean(&dir)?;
         } else {
             std::fs::remove_dir_all(&dir).map_err(|e| TrainError::io("remove", &dir, e))?;
@@ -202,7 +202,7 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
         let had_lock_file = lock_path.exists();
         std::fs::create_dir_all(out_dir).map_err(|e| TrainError::io("create", out_dir, e))?;
         let lock = lock_folder(out_dir)?;
-        let (resume_from, changes) = match resolve_start(out_dir, &run_config, options, &say) {
+        let start = match resolve_start(out_dir, &run_config, options, &say) {
             Ok(start) => start,
             Err(e) => {
                 // A refused folder keeps nothing of this attempt.
@@ -213,8 +213,7 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
                 return Err(e);
             }
         };
-        run_config.changes = changes;
-        if resume_from.is_some() {
+        if start.checkpoints.is_some() {
             remove_leftovers(out_dir)?;
         }
 
@@ -228,7 +227,7 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
 
         B::seed(device, config.seed);
         let mut model: Gpt<B> = config.model.try_init(device)?;
-        if resume_from.is_none() {
+        if start.checkpoints.is_none() {
             model = match &config.init_weights {
                 None => model,
                 Some(InitWeights::Safetensors(path)) => model.load_safetensors(path)?,
@@ -237,17 +236,28 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
         }
         let (params, extra_params) = (model.num_params(), model.extra_num_params());
         // PyTorch's ε (Burn's default is 1e-5); no clipping here: `clip_global_norm` does it.
-        let optimizer = AdamWConfig::new()
-            .with_beta_1(config.betas.0 as f32)
-            .with_beta_2(config.betas.1 as f32)
-            .with_epsilon(1e-8)
-            .with_weight_decay(config.weight_decay as f32)
-            .init::<B, Gpt<B>>();
+        let new_optimizer = || {
+            AdamWConfig::new()
+                .with_beta_1(config.betas.0 as f32)
+                .with_beta_2(config.betas.1 as f32)
+                .with_epsilon(1e-8)
+                .with_weight_decay(config.weight_decay as f32)
+                .init::<B, Gpt<B>>()
+        };
 
         let metrics_path = out_dir.join("metrics.csv");
-        let (model, optimizer, state, rows, last_checkpoint) = match &resume_from {
-            Some((_, dir)) => {
-                let (model, optimizer, state) = load_checkpoint(dir, model, optimizer, device)?;
+        let (model, optimizer, state, rows, resumed_step) = match &start.checkpoints {
+            Some(checkpoints) => {
+                let (model, optimizer, state, dir) =
+                    load_newest_good(out_dir, checkpoints, model, new_optimizer, device, &say)?;
+                let changes = state.model_changes(&config.model);
+                if !changes.is_empty() && !options.allow_config_change {
+                    return Err(TrainError::CheckpointMismatch {
+                        checkpoint: dir,
+                        config: out_dir.join("config.json"),
+                        changes,
+                    });
+                }
                 let rows: Vec<MetricsRow> = if metrics_path.is_file() {
                     read_metrics_until(&metrics_path, state.step)?
                 } else {
@@ -262,25 +272,42 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
                     state.step,
                     dir.display()
                 ));
-                (model, optimizer, state, rows, Some(dir.clone()))
+                if !start.changes.is_empty() {
+                    let list: Vec<String> = start.changes.iter().map(|c| c.to_string()).collect();
+                    say(format!(
+                        "resuming from step {} with changed settings: {}",
+                        state.step,
+                        list.join(", ")
+                    ));
+                }
+                let step = state.step;
+                (model, optimizer, state, rows, Some(step))
             }
             None => (
                 model,
-                optimizer,
-                CheckpointState::new(0, 0, 0.0, &[]),
+                new_optimizer(),
+                CheckpointState::new(0, 0, 0.0, &[], &config.model),
                 Vec::new(),
                 None,
             ),
         };
+        run_config.changes = start.history;
+        if let Some(step) = resumed_step {
+            run_config
+                .changes
+                .extend(start.changes.into_iter().map(|c| RecordedChange {
+                    step,
+                    field: c.field,
+                    old: c.old,
+                    new: c.new,
+                }));
+        }
         // Written once the checkpoint has loaded: a resume that fails leaves the run's record.
         let config_path = out_dir.join("config.json");
         atomic::write(&config_path, run_config.to_json().as_bytes())
             .map_err(|e| TrainError::io("write", &config_path, e))?;
         let log = MetricsLog::create(&metrics_path, &rows)?;
-        let dynamics = DynamicsLog::open(
-            &out_dir.join("dynamics.csv"),
-            resume_from.as_ref().map(|_| state.step),
-        )?;
+        let dynamics = DynamicsLog::open(&out_dir.join("dynamics.csv"), resumed_step)?;
         say(format!(
             "training {} parameters ({} added by the attention variant) on {} ({} training \
              tokens, `{}` tokenizer): {} steps of {} tokens into {}",
@@ -318,8 +345,7 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
             extra_params,
             log,
             rows,
-            last_checkpoint,
-            resumed_step: resume_from.as_ref().map(|(step, _)| *step),
+            resumed_step,
             step: state.step,
             tokens: state.tokens,
             pending_losses: state.losses(),
@@ -513,14 +539,19 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
     }
 
     fn state(&self) -> CheckpointState {
-        CheckpointState::new(self.step, self.tokens, self.elapsed(), &self.pending_losses)
+        CheckpointState::new(
+            self.step,
+            self.tokens,
+            self.elapsed(),
+            &self.pending_losses,
+            &self.config.model,
+        )
     }
 
     fn write_checkpoint(&mut self, state: &CheckpointState) -> Result<PathBuf, TrainError> {
         self.log.sync()?;
         let dir = save_checkpoint(&self.out_dir, state, self.model(), &self.optimizer)?;
         prune_checkpoints(&self.out_dir, self.config.keep_checkpoints)?;
-        self.last_checkpoint = Some(dir.clone());
         Ok(dir)
     }
 
@@ -571,14 +602,15 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
         });
     }
 
-    /// The error of a non-finite `what` at `step`, naming the last checkpoint written.
+    /// The error of a non-finite `what` at `step`, naming the newest checkpoint that still
+    /// verifies (checked now: one damaged since it was written is not "good").
     fn diverged(&self, step: usize, loss: f64, what: &str) -> TrainError {
         self.progress
             .abandon_with_message(format!("{what} {loss} at step {step}"));
         TrainError::NonFinite {
             step,
             loss,
-            checkpoint: self.last_checkpoint.clone(),
+            checkpoint: newest_good_checkpoint(&self.out_dir, self.step),
         }
     }
 
