@@ -219,8 +219,11 @@ pub fn write_report(
 /// <program> -- <its arguments>`.
 pub fn command_line(program: &str) -> String {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    format!(
-        "cargo run --release --example {program} -- {}",
-        args.join(" ")
-    )
+    match args.is_empty() {
+        true => format!("cargo run --release --example {program}"),
+        false => format!(
+            "cargo run --release --example {program} -- {}",
+            args.join(" ")
+        ),
+    }
 }
