@@ -16,7 +16,7 @@
 use clap::Parser;
 use coupled_qk_lab::suite::{
     Budget, ablation_table, aggregate, command_line, dynamics_table, paired_table,
-    paired_to_baselines, parse_variants, seed_table, write_report,
+    paired_to_baselines, parse_variants, seed_table, spread_table, spread_tests, write_report,
 };
 use std::path::PathBuf;
 
@@ -103,17 +103,23 @@ fn run(args: Args) -> Result<(), String> {
     let results = &outcome.results;
     let aggregates = aggregate(results);
     let paired_all = paired_to_baselines(results);
+    let spreads = spread_tests(results, &paired_all);
     let md = format!(
         "{header}{}\nThe paper's column is its 60M model on WikiText-103 (validation perplexity, std over seeds); \
          Δ is relative to standard. Runs here are far smaller: compare directions and spreads, not values.\n\n\
          ## Paired differences\n\nEach variant's validation loss minus the baseline's on the same seed (same \
          initialisation of the shared parts, same data order), averaged over seeds, with Student's t 95% \
          interval: an interval that excludes 0 is a difference the seeds resolve. Coupled differential \
-         attention (`diff+…`) is paired with plain `diff` too.\n\n{}\n\
+         attention (`diff+…`) is paired with plain `diff` too, and each affine coupling with its \
+         uncoupled control when both ran.\n\n{}\n\
+         ## Seed spreads\n\nEach variant's standard deviation over the shared seeds against the \
+         baseline's, and the F test of their ratio (two-sided; a p below 0.05 is a spread the seeds \
+         resolve).\n\n{}\n\
          ## Dynamics at the end of training\n\nFrom each run's last evaluation (`dynamics.csv`, on one \
          validation batch), mean over seeds.\n\n{}\n## Per seed\n\n{}",
         ablation_table(&aggregates, &corpus.name),
         paired_table(&paired_all),
+        spread_table(&spreads),
         dynamics_table(results),
         seed_table(results)
     );
@@ -121,7 +127,7 @@ fn run(args: Args) -> Result<(), String> {
         &args.out,
         &md,
         &outcome,
-        serde_json::json!({ "corpus": corpus.name, "paired": paired_all }),
+        serde_json::json!({ "corpus": corpus.name, "paired": paired_all, "spreads": spreads }),
     )?;
     outcome.check()
 }

@@ -304,3 +304,29 @@ fn the_dynamics_table_averages_each_layer_over_seeds() {
         ]
     );
 }
+
+#[test]
+fn seed_spreads_are_compared_by_the_f_test_over_the_shared_seeds() {
+    use coupled_qk_lab::suite::{paired_to_baselines, spread_tests};
+    let results = vec![
+        cell("standard", 0, f64::exp(1.0)),
+        cell("standard", 1, f64::exp(1.1)),
+        cell("euler1", 0, f64::exp(1.0)),
+        cell("euler1", 1, f64::exp(1.2)),
+        // A seed only the variant finished is left out of both spreads.
+        cell("euler1", 2, f64::exp(5.0)),
+    ];
+    let tests = spread_tests(&results, &paired_to_baselines(&results));
+    assert_eq!(tests.len(), 1);
+    let t = &tests[0];
+    assert_eq!(
+        (t.variant.as_str(), t.baseline.as_str(), t.seeds),
+        ("euler1", "standard", 2)
+    );
+    assert!((t.std - 0.2 / 2f64.sqrt()).abs() < 1e-9, "{}", t.std);
+    assert!((t.baseline_std - 0.1 / 2f64.sqrt()).abs() < 1e-9);
+    assert!((t.ratio - 4.0).abs() < 1e-9, "{}", t.ratio);
+    // F(1, 1) has CDF (2/π)·atan(√x): at 4, p = 2·(1 − (2/π)·atan 2).
+    let expected = 2.0 * (1.0 - 2.0 / std::f64::consts::PI * 2f64.atan());
+    assert!((t.p.unwrap() - expected).abs() < 1e-9, "{:?}", t.p);
+}

@@ -5,6 +5,7 @@ mod budget;
 mod cells;
 mod plot;
 mod report;
+mod spread;
 mod stats;
 mod variant;
 
@@ -13,8 +14,9 @@ pub use cells::{CellResult, CurvePoint, FailedCell, Suite, run_cell};
 pub use plot::write_curves_plot;
 pub use report::{
     PAPER_60M, ablation_table, change_pct, command_line, dynamics_table, paired_table, seed_table,
-    write_markdown, write_report,
+    spread_table, write_markdown, write_report,
 };
+pub use spread::{SpreadTest, f_cdf, regularized_beta, spread_tests};
 pub use stats::{
     Aggregate, Paired, aggregate, first_reach, mean_std, paired, paired_to_baselines, t_975,
 };

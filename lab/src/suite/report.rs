@@ -78,6 +78,24 @@ pub fn paired_table(paired: &[super::Paired]) -> String {
     md
 }
 
+/// The seed-spread table: per pair, both standard deviations over the shared seeds, their
+/// variance ratio and the F test's two-sided p-value.
+pub fn spread_table(tests: &[super::SpreadTest]) -> String {
+    let mut md = String::from(
+        "| corpus | variant | vs | seeds | std | baseline std | variance ratio | p (F test, two-sided) |\n\
+         |---|---|---|---|---|---|---|---|\n",
+    );
+    for t in tests {
+        let p = t.p.map_or("–".to_string(), |p| format!("{p:.3}"));
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {:.4} | {:.4} | {:.2} | {p} |",
+            t.corpus, t.variant, t.baseline, t.seeds, t.std, t.baseline_std, t.ratio
+        );
+    }
+    md
+}
+
 /// What the dynamics did by the end of training: per corpus, variant and layer, the mean over
 /// seeds of the learned `dt` (averaged over heads), the relative moves of queries and keys, and
 /// the change of attention entropy against the same layer with the dynamics off. Variants whose
