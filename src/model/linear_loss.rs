@@ -5,7 +5,9 @@
 //!
 //! Shapes in comments: `n` rows, `c` rows of a chunk, `d` hidden width, `v` vocabulary.
 
-use burn::tensor::{IndexingUpdateOp, Int, Tensor, backend::Backend};
+#[cfg(feature = "autodiff")]
+use burn::tensor::IndexingUpdateOp;
+use burn::tensor::{Int, Tensor, backend::Backend};
 use core::ops::Range;
 
 /// The logit floats a chunk holds with [`default_chunk_rows`]: 32M (128 MB in f32).
@@ -63,6 +65,7 @@ pub(crate) struct LinearLoss<B: Backend> {
 }
 
 /// Which gradients [`LinearLoss::backward`] computes.
+#[cfg(feature = "autodiff")]
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Wanted {
     pub hidden: bool,
@@ -71,6 +74,7 @@ pub(crate) struct Wanted {
 }
 
 /// The gradients of the summed loss, those that were [`Wanted`].
+#[cfg(feature = "autodiff")]
 pub(crate) struct LinearLossGrads<B: Backend> {
     /// `[n, d]`.
     pub hidden: Option<Tensor<B, 2>>,
@@ -181,6 +185,7 @@ impl<B: Backend> LinearLoss<B> {
     /// each row's `lse` `[n]` of [`forward`](Self::forward): per chunk, the logits are
     /// recomputed, `dz = grad · weight · (softmax − onehot(target))` `[c, v]`, and
     /// `dhidden = dz · head`, `dhead += dzᵀ · hidden`, `dbias += Σ_rows dz`.
+    #[cfg(feature = "autodiff")]
     pub fn backward(
         &self,
         lse: Tensor<B, 1>,
