@@ -32,7 +32,9 @@
 //! ```
 //!
 //! The layer is generic over Burn's backend. The crate's features `flex`, `ndarray`, `wgpu`,
-//! `cuda` and `autodiff` only forward to Burn's; the layer itself needs none of them.
+//! `cuda` and `autodiff` only forward to Burn's; the layer itself needs none of them. With
+//! `autodiff` the crate also has the fused linear cross-entropy
+//! ([`model::fused_linear_cross_entropy`]), a custom op of Burn's autodiff backend.
 
 pub mod attention;
 pub mod coupling;

@@ -1,8 +1,8 @@
 //! The same numbers on every backend. Each model is built on Flex (the reference), its record is
 //! copied to the backend under test, and both compute from the same inputs: every attention
 //! variant's forward pass (masks, rotary positions, cached decoding), the gradients of every
-//! parameter, Burn's fused attention op against the explicit path, and three training steps of
-//! the `tiny` GPT.
+//! parameter, Burn's fused attention op against the explicit path, the fused linear
+//! cross-entropy (with `--features autodiff`), and three training steps of the `tiny` GPT.
 //!
 //! Backends: NdArray with `--features ndarray`, WGPU with `--features wgpu`. WGPU needs an adapter
 //! (a GPU, or a CPU driver such as Mesa's lavapipe: `apt-get install mesa-vulkan-drivers`); without
@@ -574,6 +574,68 @@ fn train<B: AutodiffBackend>(
     losses
 }
 
+/// The fused linear cross-entropy (chunks of 3 rows over 10, a weight mask, a bias): its loss and
+/// the gradients of the hidden states, head and bias on the backend under test equal Flex's.
+#[cfg(feature = "autodiff")]
+fn check_fused_linear_cross_entropy<B: coupled_qk::model::FusedLoss>(device: &B::Device) {
+    let mut worst = 0.0f64;
+    let expected = fused_loss_outputs::<RefAd>(&Default::default());
+    let got = fused_loss_outputs::<B>(device);
+    for (i, (e, g)) in expected.into_iter().zip(got).enumerate() {
+        let scale = e.iter().fold(1.0f64, |m, x| m.max(x.abs()));
+        worst = worst.max(
+            assert_close(
+                e,
+                g,
+                GRAD_TOL * scale,
+                &format!("fused linear cross-entropy: output {i}"),
+            ) / scale,
+        );
+    }
+    report::<B>(
+        device,
+        "fused linear cross-entropy (relative to the largest of each output)",
+        worst,
+    );
+}
+
+/// The loss and the gradients of hidden states, head and bias of the fused linear cross-entropy
+/// on `device`, from the same values (drawn on Flex) whatever the backend.
+#[cfg(feature = "autodiff")]
+fn fused_loss_outputs<B: coupled_qk::model::FusedLoss>(device: &B::Device) -> Vec<Vec<f64>> {
+    use burn::tensor::Float;
+    use coupled_qk::model::fused_linear_cross_entropy;
+    const ROWS: usize = 10;
+    const VOCAB: usize = 13;
+    let on_ref = Default::default();
+    Ref::seed(&on_ref, 3);
+    let normal = Distribution::Normal(0.0, 1.5);
+    let draw = |shape: [usize; 2]| {
+        let t = Tensor::<Ref, 2>::random(shape, normal, &on_ref);
+        move_to::<Ref, B, 2, Float>(t, device).require_grad()
+    };
+    let (hidden, head) = (draw([ROWS, D_MODEL]), draw([VOCAB, D_MODEL]));
+    let bias = Tensor::<Ref, 1>::random([VOCAB], normal, &on_ref);
+    let bias = move_to::<Ref, B, 1, Float>(bias, device).require_grad();
+    let targets: Vec<i64> = (0..ROWS).map(|i| ((i * 5 + 2) % VOCAB) as i64).collect();
+    let weight: Vec<f32> = (0..ROWS).map(|i| [0.0, 0.5, 1.0][i % 3]).collect();
+    let loss = fused_linear_cross_entropy(
+        hidden.clone(),
+        head.clone(),
+        Some(bias.clone()),
+        Tensor::from_data(TensorData::new(targets, [ROWS]), device),
+        Some(Tensor::from_data(TensorData::new(weight, [ROWS]), device)),
+        3,
+    );
+    let grads = loss.backward();
+    vec![
+        values(loss),
+        values(hidden.grad(&grads).expect("hidden gradient")),
+        values(head.grad(&grads).expect("head gradient")),
+        values(bias.grad(&grads).expect("bias gradient")),
+    ]
+}
+
 /// The GPT's cached decoding on the backend under test equals Flex's full pass, for every variant.
 fn check_gpt_cached_decoding<B: Backend>(device: &B::Device) {
     let mut worst = 0.0f64;
@@ -649,6 +711,14 @@ macro_rules! backend_tests {
             fn fused_attention_op_equals_explicit_scores() {
                 if let Some(device) = $device {
                     check_fused_against_explicit::<Ad>(&device);
+                }
+            }
+
+            #[cfg(feature = "autodiff")]
+            #[test]
+            fn fused_linear_cross_entropy_equals_flex() {
+                if let Some(device) = $device {
+                    check_fused_linear_cross_entropy::<Ad>(&device);
                 }
             }
 

@@ -13,7 +13,10 @@
 //! eager reference figures in docs/performance.md (11.8k and 2.1k tokens/s on 2 threads), `layer-60m` (one attention layer of
 //! the 60m preset, d 576, 9 heads, seq 512, batch 8, under AdamW with a squared-output loss; with
 //! burn-nn's `MultiHeadAttention` beside the crate's variants), and with `--with-60m` the whole
-//! `60m` preset (batch 8 × 512, GPT-2 vocabulary).
+//! `60m` preset (batch 8 × 512, GPT-2 vocabulary). The whole models train on the fused loss (as
+//! the training loop does by default); `--loss explicit` takes the explicit `log_softmax` path
+//! and `--loss fused,explicit` runs every variant with both (docs/performance.md, "Fused linear
+//! cross-entropy").
 //!
 //! Every variant of a configuration is built first and the timed steps go round-robin (the order
 //! rotated each round), so a change in the machine's load falls on all variants alike. Each
@@ -34,11 +37,11 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Distribution, Tensor};
 use clap::Parser;
 use coupled_qk::CoupledQkAttentionConfig;
-use coupled_qk::model::{AttentionVariant, Gpt, GptConfig, Preset};
+use coupled_qk::model::{AttentionVariant, FusedLoss, Gpt, GptConfig, Preset};
 use coupled_qk_lab::alloc::ALLOC;
 use coupled_qk_lab::backend::{BackendChoice, MultiDeviceTask, dispatch_devices};
 use coupled_qk_lab::data::TokenBatch;
-use coupled_qk_lab::lm::{batch_gradients, sharded_gradients};
+use coupled_qk_lab::lm::{LossKind, batch_gradients, sharded_gradients};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use std::path::PathBuf;
@@ -75,6 +78,10 @@ struct Args {
     /// instead of keeping their outputs).
     #[arg(long, default_value = "none", value_parser = ["none", "balanced"])]
     checkpointing: String,
+    /// How the whole models' loss is computed: fused, explicit, or both (`fused,explicit`: each
+    /// variant once per loss, the ratios to the first row).
+    #[arg(long, value_delimiter = ',', default_value = "fused")]
+    loss: Vec<LossKind>,
     /// Write the figures as JSON here.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -185,10 +192,11 @@ fn measured<B: AutodiffBackend>(device: &B::Device, work: impl FnOnce()) -> Meas
     }
 }
 
-fn model_step<'a, B: AutodiffBackend>(
+fn model_step<'a, B: FusedLoss>(
     config: GptConfig,
     shape: &Shape,
     devices: &'a [B::Device],
+    loss: LossKind,
 ) -> Step<'a> {
     let device = &devices[0];
     B::seed(device, 0);
@@ -207,7 +215,7 @@ fn model_step<'a, B: AutodiffBackend>(
         };
         measured::<B>(device, || {
             optimise(&mut model, &mut optimizer, |m| {
-                batch_gradients(m, &batch, devices, 1)
+                batch_gradients(m, &batch, devices, 1, loss)
                     .expect("a finite loss")
                     .1
             })
@@ -303,7 +311,7 @@ struct Bench<'a> {
 impl MultiDeviceTask for Bench<'_> {
     type Output = serde_json::Value;
 
-    fn run<B: AutodiffBackend>(
+    fn run<B: FusedLoss>(
         self,
         devices: Vec<B::Device>,
         name: &'static str,
@@ -317,17 +325,28 @@ impl MultiDeviceTask for Bench<'_> {
         for shape in shapes(args) {
             let mut runners: Vec<(String, Step)> = Vec::new();
             for (label, contender) in contenders(args) {
-                let step = match (&shape.model, &contender) {
-                    (Some(model), Contender::Crate(variant)) => Some(model_step::<B>(
-                        model.clone().with_attention(variant.clone()),
-                        &shape,
-                        &devices,
-                    )),
-                    (Some(_), Contender::BurnMha) => None,
-                    (None, _) => layer_step::<B>(&contender, &shape, &devices),
-                };
-                if let Some(step) = step {
-                    runners.push((label, step));
+                match (&shape.model, &contender) {
+                    (Some(model), Contender::Crate(variant)) => {
+                        for &loss in &args.loss {
+                            let step = model_step::<B>(
+                                model.clone().with_attention(variant.clone()),
+                                &shape,
+                                &devices,
+                                loss,
+                            );
+                            let label = match args.loss.len() {
+                                1 => label.clone(),
+                                _ => format!("{label} ({loss} loss)"),
+                            };
+                            runners.push((label, step));
+                        }
+                    }
+                    (Some(_), Contender::BurnMha) => {}
+                    (None, _) => {
+                        if let Some(step) = layer_step::<B>(&contender, &shape, &devices) {
+                            runners.push((label, step));
+                        }
+                    }
                 }
             }
             for (_, step) in runners.iter_mut() {
@@ -367,9 +386,10 @@ impl MultiDeviceTask for Bench<'_> {
                 }));
             }
         }
+        let losses: Vec<String> = args.loss.iter().map(LossKind::to_string).collect();
         serde_json::json!({
             "backend": name, "devices": devices.len(), "reps": args.reps, "warmup": args.warmup,
-            "rows": rows,
+            "losses": losses, "rows": rows,
         })
     }
 }

@@ -18,7 +18,7 @@ use clap::Parser;
 use coupled_qk::model::{AttentionVariant, GptConfig, Preset};
 use coupled_qk_lab::backend::{BackendChoice, dispatch_devices};
 use coupled_qk_lab::data::{CorpusSource, LoadOptions, SplitOptions, TokenizerKind, load_corpus};
-use coupled_qk_lab::lm::{RunOptions, TrainConfig, TrainingRun};
+use coupled_qk_lab::lm::{LossKind, RunOptions, TrainConfig, TrainingRun};
 use std::path::PathBuf;
 
 #[derive(Parser, Debug)]
@@ -103,6 +103,11 @@ struct Args {
     /// Token cache folder (default: $COUPLED_QK_CACHE or ~/.cache/coupled-qk).
     #[arg(long)]
     cache_dir: Option<PathBuf>,
+    /// How the token loss is computed: fused (the LM head and cross-entropy over row chunks,
+    /// never holding the [tokens, vocab] logits) or explicit (log_softmax of the full logits).
+    /// The same loss either way; a resume may change it.
+    #[arg(long, default_value = "fused")]
+    loss: LossKind,
     /// Fraction of documents held out for validation (JSONL and text corpora).
     #[arg(long, default_value_t = 0.1)]
     valid_fraction: f64,
@@ -116,6 +121,7 @@ fn apply_flags(args: &Args, config: &mut TrainConfig) -> Result<Vec<String>, Str
         _ => Ok(value),
     };
     config.seed = args.seed;
+    config.loss = args.loss;
     if let Some(v) = positive("--seq-len", args.seq_len)? {
         config.seq_len = v;
     }

@@ -203,11 +203,48 @@ impl<B: Backend> Gpt<B> {
     /// # Panics
     /// If `seq` exceeds the context.
     pub fn forward(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
+        self.project(self.forward_hidden(tokens))
+    }
+
+    /// The final hidden states, after the final norm: what the LM head reads. With
+    /// [`head_weight`](Self::head_weight) and [`head_bias`](Self::head_bias) they give the
+    /// logits of [`forward`](Self::forward), or a loss that never forms them
+    /// ([`linear_cross_entropy`](super::linear_cross_entropy)).
+    ///
+    /// # Shapes
+    /// - `tokens`: `[batch, seq]`, `seq <= context`
+    /// - output: `[batch, seq, d_model]`
+    ///
+    /// # Panics
+    /// If `seq` exceeds the context.
+    pub fn forward_hidden(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
         let mut x = self.embed(tokens, 0); // [b, s, d]
         for block in &self.blocks {
             x = block.forward(x);
         }
-        self.head(x)
+        self.norm.forward(x)
+    }
+
+    /// The LM head's weight, one row per token: the token embedding when tied, else the untied
+    /// head's weight transposed (Burn's `Linear` stores `[d, v]`).
+    ///
+    /// # Shapes
+    /// - output: `[vocab, d_model]`
+    pub fn head_weight(&self) -> Tensor<B, 2> {
+        match &self.head {
+            Some(head) => head.weight.val().transpose(),
+            None => self.tokens.weight.val(),
+        }
+    }
+
+    /// The LM head's bias, if it has one (only an untied head can).
+    ///
+    /// # Shapes
+    /// - output: `[vocab]`
+    pub fn head_bias(&self) -> Option<Tensor<B, 1>> {
+        self.head
+            .as_ref()
+            .and_then(|head| head.bias.as_ref().map(|bias| bias.val()))
     }
 
     /// Next-token logits of new positions, given the cache of earlier ones: incremental decoding.
@@ -233,12 +270,11 @@ impl<B: Backend> Gpt<B> {
         for (block, layer_cache) in self.blocks.iter().zip(&mut cache.layers) {
             x = block.forward_cache(x, layer_cache);
         }
-        self.head(x)
+        self.project(self.norm.forward(x))
     }
 
-    /// The final norm and the LM head: `[batch, seq, d]` → `[batch, seq, vocab]`.
-    fn head(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        let x = self.norm.forward(x); // [b, s, d]
+    /// The LM head on normed hidden states: `[batch, seq, d]` → `[batch, seq, vocab]`.
+    fn project(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         match &self.head {
             Some(head) => head.forward(x),
             None => {

@@ -1,6 +1,6 @@
 //! What defines a language-model training run, and what must not change when it is resumed.
 
-use super::TrainError;
+use super::{LossKind, TrainError};
 use crate::data::TokenizedCorpus;
 use crate::schedule::WarmupCosine;
 use coupled_qk::model::GptConfig;
@@ -54,6 +54,12 @@ pub struct TrainConfig {
     /// retrofitting coupling into a pretrained model); a resume takes its checkpoint's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub init_weights: Option<InitWeights>,
+    /// How the token loss is computed, in training and evaluation: the fused linear
+    /// cross-entropy (the default) or the explicit `log_softmax` of the full logits. The same
+    /// function either way, so a resume may change it (as it may change the backend); a
+    /// `config.json` without it loads as `fused`.
+    #[serde(default)]
+    pub loss: LossKind,
 }
 
 /// A safetensors file a run starts from.
@@ -90,7 +96,8 @@ pub const OPTIMISER_FIELDS: [&str; 6] = [
 impl TrainConfig {
     /// The defaults for `model`: a window of its full context, 32 rows, 1000 steps, peak lr 6e-4
     /// after 100 warmup steps, cosine to 10%, AdamW (0.9, 0.95) with weight decay 0.1, gradients
-    /// clipped to norm 1, evaluation every 100 steps, checkpoints every 500 (3 kept), seed 0.
+    /// clipped to norm 1, evaluation every 100 steps, checkpoints every 500 (3 kept), seed 0, the
+    /// fused loss.
     pub fn new(model: GptConfig) -> Self {
         TrainConfig {
             seq_len: model.context,
@@ -112,6 +119,7 @@ impl TrainConfig {
             keep_checkpoints: 3,
             seed: 0,
             init_weights: None,
+            loss: LossKind::Fused,
         }
     }
 
@@ -367,8 +375,9 @@ impl std::fmt::Display for FieldChange {
 }
 
 /// The fields whose values differ between two `config.json` texts, leaving out
-/// [`BOOKKEEPING_FIELDS`], the record of earlier changes, the backend, and the corpus hashes
-/// where the old text has none (it was written before they were recorded).
+/// [`BOOKKEEPING_FIELDS`], the record of earlier changes, the backend and the loss's
+/// [`LossKind`] (ways of computing the same function), and the corpus hashes where the old text
+/// has none (it was written before they were recorded).
 ///
 /// Both sides are compared as parsed JSON, so numbers compare by the text they were written as.
 pub fn differing_fields(old: &serde_json::Value, new: &serde_json::Value) -> Vec<FieldChange> {
@@ -380,6 +389,7 @@ pub fn differing_fields(old: &serde_json::Value, new: &serde_json::Value) -> Vec
         !BOOKKEEPING_FIELDS.contains(&c.field.as_str())
             && c.field != "changes"
             && c.field != "backend"
+            && c.field != "loss"
             // A config.json written before the corpus hashes were recorded cannot be checked
             // against them; its corpus name, tokenizer and token counts still are.
             && !(CORPUS_HASH_FIELDS.contains(&c.field.as_str()) && c.old == ABSENT)

@@ -8,6 +8,7 @@ mod config;
 mod dynamics_log;
 mod error;
 mod eval;
+mod loss;
 mod manifest;
 mod metrics;
 mod parallel;
@@ -28,6 +29,7 @@ pub use config::{
 pub use dynamics_log::{DYNAMICS_HEADER, DynamicsLog, DynamicsRow, write_dynamics_plot};
 pub use error::TrainError;
 pub use eval::{Validation, batch_loss, batch_nats, batch_tensors, evaluate};
+pub use loss::LossKind;
 pub use manifest::{Damage, MANIFEST_FILE, Verification, verify_checkpoint};
 pub use metrics::{HEADER, MetricsLog, MetricsRow, read_metrics, read_metrics_until};
 pub use parallel::{batch_gradients, sharded_gradients};

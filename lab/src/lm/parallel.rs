@@ -7,19 +7,21 @@
 //! autodiff) on the calling thread only; two workers keep two cores busy through them
 //! (docs/performance.md, "Data-parallel workers on the CPU").
 
+use super::LossKind;
 use super::eval::batch_loss;
 use crate::data::TokenBatch;
 use burn::module::AutodiffModule;
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{ElementConversion, Tensor};
-use coupled_qk::model::Gpt;
+use coupled_qk::model::{FusedLoss, Gpt};
 use std::sync::Mutex;
 
 /// A shard's loss value and gradients, or its non-finite loss value.
 type ShardResult = Result<(f64, GradientsParams), f64>;
 
-/// Forward and backward of one micro-batch over `devices`: the micro-batch's mean token loss and
+/// Forward and backward of one micro-batch over `devices`, its loss computed as `loss` says (see
+/// [`batch_loss`]): the micro-batch's mean token loss and
 /// the gradient of `loss / grad_accum` (what the training loop accumulates), on the main device
 /// `devices[0]`. `Err` holds a non-finite loss (of a shard, with several devices), whose backward
 /// is skipped.
@@ -32,15 +34,16 @@ type ShardResult = Result<(f64, GradientsParams), f64>;
 ///
 /// # Panics
 /// If `devices` is empty or does not divide `batch.rows`; a worker's panic is passed on.
-pub fn batch_gradients<B: AutodiffBackend>(
+pub fn batch_gradients<B: FusedLoss>(
     model: &Gpt<B>,
     batch: &TokenBatch,
     devices: &[B::Device],
     grad_accum: usize,
+    loss: LossKind,
 ) -> Result<(f64, GradientsParams), f64> {
     let n = devices.len();
     assert!(n > 0, "no device to compute the gradient on");
-    let loss = |m: &Gpt<B>, b: &TokenBatch, d: &B::Device| batch_loss(m, b, d);
+    let loss = |m: &Gpt<B>, b: &TokenBatch, d: &B::Device| batch_loss(m, b, d, loss);
     if n == 1 {
         let shards = std::slice::from_ref(batch);
         return sharded_gradients(model, shards, devices, grad_accum as f64, loss);

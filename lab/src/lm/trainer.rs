@@ -13,7 +13,7 @@ use super::checkpoint::{
 use super::clip::clip_global_norm;
 use super::config::{InitWeights, RecordedChange, RunConfig};
 use super::dynamics_log::{DynamicsLog, write_dynamics_plot};
-use super::eval::{batch_loss, batch_tensors, evaluate};
+use super::eval::{batch_nats, batch_tensors, evaluate};
 use super::metrics::{MetricsLog, MetricsRow, read_metrics_until};
 use super::parallel::batch_gradients;
 use super::plot::write_loss_plot;
@@ -26,8 +26,7 @@ use burn::module::{AutodiffModule, Module};
 use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::{AdamW, AdamWConfig, GradientsAccumulator, Optimizer};
 use burn::tensor::ElementConversion;
-use burn::tensor::backend::AutodiffBackend;
-use coupled_qk::model::Gpt;
+use coupled_qk::model::{FusedLoss, Gpt};
 use indicatif::ProgressBar;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -46,7 +45,7 @@ type Adam<B> = OptimizerAdaptor<AdamW, Gpt<B>, B>;
 /// Several devices change only how a micro-batch's gradient is computed: its rows are sharded
 /// across the devices and the shards' gradients summed on the main device, `devices[0]`, which
 /// also holds the optimiser state, evaluates and writes the checkpoints.
-pub struct Trainer<'a, B: AutodiffBackend> {
+pub struct Trainer<'a, B: FusedLoss> {
     config: TrainConfig,
     corpus: &'a TokenizedCorpus,
     devices: &'a [B::Device],
@@ -147,7 +146,7 @@ fn remove_leftovers(out_dir: &Path) -> Result<(), TrainError> {
     Ok(())
 }
 
-impl<'a, B: AutodiffBackend> Trainer<'a, B> {
+impl<'a, B: FusedLoss> Trainer<'a, B> {
     /// Checks the config against the corpus and the devices, decides between a fresh run and a
     /// resume (see [`RunOptions`]), writes `config.json`, and builds or loads the model and the
     /// optimiser.
@@ -419,7 +418,7 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
         for i in 0..accum {
             let index = (self.step * accum + i) as u64;
             let batch = self.windows.batch(index, self.config.batch_size);
-            match batch_gradients(self.model(), &batch, self.devices, accum) {
+            match batch_gradients(self.model(), &batch, self.devices, accum, self.config.loss) {
                 Ok((value, grads)) => {
                     accumulator.accumulate(self.model(), grads);
                     loss_sum += value;
@@ -484,7 +483,12 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
 
     /// The model's loss on the fixed validation set.
     pub fn evaluate(&self) -> Validation {
-        evaluate(&self.model().valid(), &self.eval_set, &self.devices[0])
+        evaluate(
+            &self.model().valid(),
+            &self.eval_set,
+            &self.devices[0],
+            self.config.loss,
+        )
     }
 
     /// Writes a checkpoint of the current step (syncing the metrics first) and prunes old ones.
@@ -512,9 +516,13 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
                 let rows = self.config.batch_size / self.devices.len();
                 let index = (self.step * self.config.grad_accum) as u64;
                 let batch = self.windows.batch(index, rows);
-                let next = batch_loss(&self.model().valid(), &batch, &self.devices[0])
-                    .into_scalar()
-                    .elem::<f64>();
+                let nats = batch_nats(
+                    &self.model().valid(),
+                    &batch,
+                    &self.devices[0],
+                    self.config.loss,
+                );
+                let next = nats.into_scalar().elem::<f64>() / (batch.rows * batch.seq_len) as f64;
                 if !next.is_finite() {
                     return Err(self.diverged(self.step + 1, next, "loss"));
                 }

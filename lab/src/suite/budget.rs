@@ -7,8 +7,8 @@ use crate::data::{
     CorpusSource, DataError, LoadOptions, SplitOptions, TokenizedCorpus, TokenizerKind, load_corpus,
 };
 use crate::lm::{TrainConfig, TrainError};
-use burn::tensor::backend::AutodiffBackend;
 use coupled_qk::model::AttentionVariant;
+use coupled_qk::model::FusedLoss;
 use coupled_qk::model::{GptConfig, Preset};
 use std::path::PathBuf;
 
@@ -178,7 +178,7 @@ impl SuiteOutcome {
 
 impl MultiDeviceTask for Cells<'_> {
     type Output = SuiteOutcome;
-    fn run<B: AutodiffBackend>(
+    fn run<B: FusedLoss>(
         self,
         devices: Vec<B::Device>,
         _name: &'static str,

@@ -1,0 +1,189 @@
+//! The fused linear cross-entropy: the LM head and the token loss as one autodiff op whose
+//! forward and backward passes go over row chunks, so that neither holds the `[n, vocab]` logits
+//! or log-probabilities. The backward pass recomputes each chunk's logits from the saved hidden
+//! states and head (one more `[c, d] × [d, v]` product per chunk) instead of keeping them.
+//!
+//! It is a custom op of Burn's [`Autodiff`] backend, written with the inner backend's tensor ops,
+//! so it runs on every backend that Autodiff wraps; [`FusedLoss`] exposes it, with a blanket
+//! implementation for `Autodiff<B, C>`.
+
+use super::linear_loss::{LinearLoss, Wanted};
+use burn::backend::Autodiff;
+use burn::backend::autodiff::NodeId;
+use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::ops::{FloatTensor, IntTensor};
+use burn::tensor::{Int, Tensor, TensorPrimitive};
+
+/// An autodiff backend with the fused linear cross-entropy: every `Autodiff<B, C>`.
+pub trait FusedLoss: AutodiffBackend {
+    /// [`fused_linear_cross_entropy`] on primitives (shapes already checked).
+    fn fused_linear_cross_entropy(
+        hidden: FloatTensor<Self>,
+        head: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        targets: IntTensor<Self>,
+        weight: Option<FloatTensor<Self>>,
+        chunk_rows: usize,
+    ) -> FloatTensor<Self>;
+}
+
+/// `Σ_i weight_i · (−log softmax(hidden_i · headᵀ + bias)[target_i])`, the summed token loss of a
+/// linear head, as one autodiff op that never holds more than `chunk_rows` rows of logits (see
+/// [`default_chunk_rows`](super::default_chunk_rows)); the value of
+/// [`linear_cross_entropy`](super::linear_cross_entropy), with gradients for `hidden`, `head` and
+/// `bias`. Without `weight` every row counts once; divide by `n` (or `Σ weight`) for the mean.
+/// `targets` and `weight` are constants: no gradient flows into `weight`.
+///
+/// The backward pass holds, besides the gradients, one chunk's `[chunk_rows, vocab]` logits and
+/// their softmax at a time; the forward pass keeps only each row's log-normaliser `[n]`.
+///
+/// # Shapes
+/// - `hidden`: `[n, d]`; `head`: `[vocab, d]`; `bias`: `[vocab]`
+/// - `targets`: `[n]`, each in `0..vocab`; `weight`: `[n]`
+/// - output: `[1]`
+///
+/// # Panics
+/// If the shapes do not match, `n` is 0 or `chunk_rows` is 0.
+pub fn fused_linear_cross_entropy<B: FusedLoss>(
+    hidden: Tensor<B, 2>,
+    head: Tensor<B, 2>,
+    bias: Option<Tensor<B, 1>>,
+    targets: Tensor<B, 1, Int>,
+    weight: Option<Tensor<B, 1>>,
+    chunk_rows: usize,
+) -> Tensor<B, 1> {
+    let checked = LinearLoss::new(hidden, head, bias, targets, weight, chunk_rows);
+    let float = |t: Tensor<B, 2>| t.into_primitive().tensor();
+    let vector = |t: Tensor<B, 1>| t.into_primitive().tensor();
+    Tensor::from_primitive(TensorPrimitive::Float(B::fused_linear_cross_entropy(
+        float(checked.hidden),
+        float(checked.head),
+        checked.bias.map(vector),
+        checked.targets.into_primitive(),
+        checked.weight.map(vector),
+        checked.chunk_rows,
+    )))
+}
+
+/// What the backward pass keeps: the inputs' checkpoints, the constants, and each row's
+/// log-normaliser.
+#[derive(Clone, Debug)]
+struct Saved<B: Backend> {
+    hidden: NodeId,
+    head: NodeId,
+    bias: Option<NodeId>,
+    targets: IntTensor<B>,
+    weight: Option<FloatTensor<B>>,
+    /// `[n]`.
+    lse: FloatTensor<B>,
+    chunk_rows: usize,
+}
+
+/// The backward step; its parents are `[hidden, head, bias]`.
+#[derive(Debug)]
+struct FusedLinearCrossEntropy;
+
+impl<B: Backend> Backward<B, 3> for FusedLinearCrossEntropy {
+    type State = Saved<B>;
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 3>,
+        grads: &mut Gradients,
+        checkpointer: &mut Checkpointer,
+    ) {
+        let [hidden_node, head_node, bias_node] = ops.parents;
+        let grad = grads.consume::<B>(&ops.node);
+        let saved = ops.state;
+        let float = |t: FloatTensor<B>| Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(t));
+        let vector = |t: FloatTensor<B>| Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(t));
+        let loss = LinearLoss {
+            hidden: float(checkpointer.retrieve_node_output(saved.hidden)),
+            head: float(checkpointer.retrieve_node_output(saved.head)),
+            bias: saved
+                .bias
+                .map(|id| vector(checkpointer.retrieve_node_output(id))),
+            targets: Tensor::from_primitive(saved.targets),
+            weight: saved.weight.map(vector),
+            chunk_rows: saved.chunk_rows,
+        };
+        let wanted = Wanted {
+            hidden: hidden_node.is_some(),
+            head: head_node.is_some(),
+            bias: bias_node.is_some() && loss.bias.is_some(),
+        };
+        let out = loss.backward(vector(saved.lse), vector(grad), wanted);
+        let primitive = |t: Option<Tensor<B, 2>>| t.map(|t| t.into_primitive().tensor());
+        if let (Some(node), Some(g)) = (hidden_node, primitive(out.hidden)) {
+            grads.register::<B>(node.id, g);
+        }
+        if let (Some(node), Some(g)) = (head_node, primitive(out.head)) {
+            grads.register::<B>(node.id, g);
+        }
+        if let (Some(node), Some(g)) = (bias_node, out.bias) {
+            grads.register::<B>(node.id, g.into_primitive().tensor());
+        }
+    }
+}
+
+impl<B: Backend, C: CheckpointStrategy> FusedLoss for Autodiff<B, C> {
+    fn fused_linear_cross_entropy(
+        hidden: FloatTensor<Self>,
+        head: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        targets: IntTensor<Self>,
+        weight: Option<FloatTensor<Self>>,
+        chunk_rows: usize,
+    ) -> FloatTensor<Self> {
+        let float = |t: &FloatTensor<Self>| {
+            Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(t.primitive.clone()))
+        };
+        let vector = |t: &FloatTensor<Self>| {
+            Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(t.primitive.clone()))
+        };
+        let loss = LinearLoss {
+            hidden: float(&hidden),
+            head: float(&head),
+            bias: bias.as_ref().map(vector),
+            targets: Tensor::from_primitive(targets.clone()),
+            // A constant: its graph (if any) is not followed.
+            weight: weight.as_ref().map(vector),
+            chunk_rows,
+        };
+        // The op has three parents; without a bias the third is a stand-in that never requires
+        // a gradient (a fresh leaf on the hidden states' buffer, not a copy).
+        let bias_parent = bias
+            .clone()
+            .unwrap_or_else(|| Self::from_inner(hidden.primitive.clone()));
+        match FusedLinearCrossEntropy
+            .prepare::<C>([
+                hidden.node.clone(),
+                head.node.clone(),
+                bias_parent.node.clone(),
+            ])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(mut prep) => {
+                let (total, lse) = loss.forward(true);
+                let lse = lse.expect("asked for").into_primitive().tensor();
+                let saved = Saved {
+                    hidden: prep.checkpoint(&hidden),
+                    head: prep.checkpoint(&head),
+                    bias: bias.as_ref().map(|bias| prep.checkpoint(bias)),
+                    targets,
+                    weight: weight.map(|w| w.primitive),
+                    lse,
+                    chunk_rows,
+                };
+                prep.finish(saved, total.into_primitive().tensor())
+            }
+            OpsKind::UnTracked(prep) => {
+                prep.finish(loss.forward(false).0.into_primitive().tensor())
+            }
+        }
+    }
+}

@@ -1,0 +1,241 @@
+//! Cross-entropy of a linear head's logits computed in row chunks, so that the `[n, vocab]`
+//! logits and log-probabilities are never held at once: the forward pass for evaluation (any
+//! backend, no gradient), and the chunk arithmetic that the fused autodiff op
+//! ([`fused_linear_cross_entropy`](super::fused_linear_cross_entropy)) shares with it.
+//!
+//! Shapes in comments: `n` rows, `c` rows of a chunk, `d` hidden width, `v` vocabulary.
+
+#[cfg(feature = "autodiff")]
+use burn::tensor::IndexingUpdateOp;
+use burn::tensor::{Int, Tensor, backend::Backend};
+use core::ops::Range;
+
+/// The logit floats a chunk holds with [`default_chunk_rows`]: 32M (128 MB in f32).
+pub const CHUNK_FLOATS: usize = 1 << 25;
+
+/// Rows per chunk such that a chunk's `[rows, vocab]` logits hold about [`CHUNK_FLOATS`] floats
+/// (at least one row). With GPT-2's vocabulary (50257) that is 667 rows; with a vocabulary of a
+/// few hundred a whole batch is one chunk.
+pub fn default_chunk_rows(vocab: usize) -> usize {
+    (CHUNK_FLOATS / vocab.max(1)).max(1)
+}
+
+/// `Σ_i weight_i · (−log softmax(hidden_i · headᵀ + bias)[target_i])`: the summed token loss of a
+/// linear head, computed `chunk_rows` rows at a time. Without `weight` every row counts once;
+/// divide by `n` (or by `Σ weight`) for the mean.
+///
+/// This is the forward pass only. On an autodiff backend it is still differentiable, but the
+/// graph keeps every chunk's logits for the backward pass, so it saves no memory there: train
+/// with [`fused_linear_cross_entropy`](super::fused_linear_cross_entropy), which recomputes them.
+///
+/// # Shapes
+/// - `hidden`: `[n, d]`; `head`: `[vocab, d]`; `bias`: `[vocab]`
+/// - `targets`: `[n]`, each in `0..vocab`; `weight`: `[n]`
+/// - output: `[1]`
+///
+/// # Panics
+/// If the shapes do not match, `n` is 0 or `chunk_rows` is 0.
+pub fn linear_cross_entropy<B: Backend>(
+    hidden: Tensor<B, 2>,
+    head: Tensor<B, 2>,
+    bias: Option<Tensor<B, 1>>,
+    targets: Tensor<B, 1, Int>,
+    weight: Option<Tensor<B, 1>>,
+    chunk_rows: usize,
+) -> Tensor<B, 1> {
+    LinearLoss::new(hidden, head, bias, targets, weight, chunk_rows)
+        .forward(false)
+        .0
+}
+
+/// The inputs of a chunked linear cross-entropy, checked, and its per-chunk passes.
+#[derive(Clone, Debug)]
+pub(crate) struct LinearLoss<B: Backend> {
+    /// `[n, d]`.
+    pub hidden: Tensor<B, 2>,
+    /// `[v, d]`.
+    pub head: Tensor<B, 2>,
+    /// `[v]`.
+    pub bias: Option<Tensor<B, 1>>,
+    /// `[n]`.
+    pub targets: Tensor<B, 1, Int>,
+    /// `[n]`.
+    pub weight: Option<Tensor<B, 1>>,
+    pub chunk_rows: usize,
+}
+
+/// Which gradients [`LinearLoss::backward`] computes.
+#[cfg(feature = "autodiff")]
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Wanted {
+    pub hidden: bool,
+    pub head: bool,
+    pub bias: bool,
+}
+
+/// The gradients of the summed loss, those that were [`Wanted`].
+#[cfg(feature = "autodiff")]
+pub(crate) struct LinearLossGrads<B: Backend> {
+    /// `[n, d]`.
+    pub hidden: Option<Tensor<B, 2>>,
+    /// `[v, d]`.
+    pub head: Option<Tensor<B, 2>>,
+    /// `[v]`.
+    pub bias: Option<Tensor<B, 1>>,
+}
+
+impl<B: Backend> LinearLoss<B> {
+    /// Checks the shapes (see [`linear_cross_entropy`] for them and the panics).
+    pub fn new(
+        hidden: Tensor<B, 2>,
+        head: Tensor<B, 2>,
+        bias: Option<Tensor<B, 1>>,
+        targets: Tensor<B, 1, Int>,
+        weight: Option<Tensor<B, 1>>,
+        chunk_rows: usize,
+    ) -> Self {
+        let [n, d] = hidden.dims();
+        let [v, head_d] = head.dims();
+        assert!(n > 0, "linear cross-entropy: no rows");
+        assert!(
+            chunk_rows > 0,
+            "linear cross-entropy: chunk_rows must be at least 1"
+        );
+        assert_eq!(
+            head_d, d,
+            "linear cross-entropy: head [{v}, {head_d}] does not match hidden [{n}, {d}]"
+        );
+        if let Some(bias) = &bias {
+            assert_eq!(bias.dims(), [v], "linear cross-entropy: bias is not [{v}]");
+        }
+        assert_eq!(
+            targets.dims(),
+            [n],
+            "linear cross-entropy: targets are not [{n}]"
+        );
+        if let Some(weight) = &weight {
+            assert_eq!(
+                weight.dims(),
+                [n],
+                "linear cross-entropy: weight is not [{n}]"
+            );
+        }
+        Self {
+            hidden,
+            head,
+            bias,
+            targets,
+            weight,
+            chunk_rows,
+        }
+    }
+
+    fn rows(&self) -> usize {
+        self.hidden.dims()[0]
+    }
+
+    /// The row ranges of the chunks, the last one shorter when `chunk_rows` does not divide `n`.
+    fn chunks(&self) -> impl Iterator<Item = Range<usize>> + use<B> {
+        let (n, step) = (self.rows(), self.chunk_rows);
+        (0..n)
+            .step_by(step)
+            .map(move |start| start..(start + step).min(n))
+    }
+
+    /// The logits of the rows `h`: `[c, d]` → `[c, v]`.
+    fn logits(&self, h: Tensor<B, 2>) -> Tensor<B, 2> {
+        let z = h.matmul(self.head.clone().transpose()); // [c, v]
+        match &self.bias {
+            Some(bias) => z + bias.clone().unsqueeze::<2>(),
+            None => z,
+        }
+    }
+
+    /// The weighted summed loss `[1]`, and with `keep_lse` each row's `log Σ exp(logits)` `[n]`
+    /// (what the backward pass needs to rebuild a chunk's softmax from its logits).
+    pub fn forward(&self, keep_lse: bool) -> (Tensor<B, 1>, Option<Tensor<B, 1>>) {
+        let mut total = Tensor::zeros([1], &self.hidden.device());
+        let mut lse_chunks = Vec::new();
+        for rows in self.chunks() {
+            let c = rows.len();
+            let z = self.logits(self.hidden.clone().narrow(0, rows.start, c)); // [c, v]
+            // Shifted by the row's maximum as log_softmax is, so that exp cannot overflow.
+            let max = z.clone().max_dim(1); // [c, 1]
+            let shifted = z - max.clone(); // [c, v]
+            let log_norm = shifted.clone().exp().sum_dim(1).log(); // [c, 1]
+            let target = self
+                .targets
+                .clone()
+                .narrow(0, rows.start, c)
+                .reshape([c, 1]);
+            let nats = (log_norm.clone() - shifted.gather(1, target)).reshape([c]);
+            let nats = match &self.weight {
+                Some(weight) => nats * weight.clone().narrow(0, rows.start, c),
+                None => nats,
+            };
+            total = total + nats.sum();
+            if keep_lse {
+                lse_chunks.push((log_norm + max).reshape([c]));
+            }
+        }
+        (total, keep_lse.then(|| Tensor::cat(lse_chunks, 0)))
+    }
+
+    /// The gradients of `grad · loss` (`grad`: `[1]`, the gradient flowing into the loss), from
+    /// each row's `lse` `[n]` of [`forward`](Self::forward): per chunk, the logits are
+    /// recomputed, `dz = grad · weight · (softmax − onehot(target))` `[c, v]`, and
+    /// `dhidden = dz · head`, `dhead += dzᵀ · hidden`, `dbias += Σ_rows dz`.
+    #[cfg(feature = "autodiff")]
+    pub fn backward(
+        &self,
+        lse: Tensor<B, 1>,
+        grad: Tensor<B, 1>,
+        wanted: Wanted,
+    ) -> LinearLossGrads<B> {
+        let grad = grad.reshape([1, 1]);
+        let mut hidden_chunks = Vec::new();
+        let (mut head, mut bias): (Option<Tensor<B, 2>>, Option<Tensor<B, 1>>) = (None, None);
+        for rows in self.chunks() {
+            let c = rows.len();
+            let h = self.hidden.clone().narrow(0, rows.start, c); // [c, d]
+            let z = self.logits(h.clone()); // [c, v]
+            let softmax = (z - lse.clone().narrow(0, rows.start, c).reshape([c, 1])).exp();
+            let scale = match &self.weight {
+                Some(weight) => {
+                    weight.clone().narrow(0, rows.start, c).reshape([c, 1]) * grad.clone()
+                }
+                None => grad.clone().repeat_dim(0, c),
+            }; // [c, 1]
+            let target = self
+                .targets
+                .clone()
+                .narrow(0, rows.start, c)
+                .reshape([c, 1]);
+            // The one-hot term touches one logit per row: a scatter, not a [c, v] one-hot.
+            let dz =
+                (softmax * scale.clone()).scatter(1, target, scale.neg(), IndexingUpdateOp::Add);
+            if wanted.hidden {
+                hidden_chunks.push(dz.clone().matmul(self.head.clone())); // [c, d]
+            }
+            if wanted.head {
+                let part = dz.clone().transpose().matmul(h); // [v, d]
+                head = Some(match head {
+                    Some(sum) => sum + part,
+                    None => part,
+                });
+            }
+            if wanted.bias {
+                let part = dz.sum_dim(0).squeeze_dim::<1>(0); // [v]
+                bias = Some(match bias {
+                    Some(sum) => sum + part,
+                    None => part,
+                });
+            }
+        }
+        LinearLossGrads {
+            hidden: wanted.hidden.then(|| Tensor::cat(hidden_chunks, 0)),
+            head,
+            bias,
+        }
+    }
+}
