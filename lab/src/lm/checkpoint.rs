@@ -108,8 +108,8 @@ pub fn checkpoint_dir(out_dir: &Path, step: usize) -> PathBuf {
     checkpoints_dir(out_dir).join(format!("step-{step:07}"))
 }
 
-/// The complete checkpoints of a run (see [`is_complete`]), oldest first. Damaged ones are
-/// listed too: reading them is refused.
+/// The complete checkpoints of a run (those written to the end: with their manifest, or from
+/// before manifests), oldest first. Damaged ones are listed too: reading them is refused.
 pub fn list_checkpoints(out_dir: &Path) -> Result<Vec<(usize, PathBuf)>, TrainError> {
     Ok(all_checkpoint_dirs(out_dir)?
         .into_iter()
