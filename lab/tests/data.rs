@@ -912,3 +912,20 @@ fn a_gpt2_checkpoint_is_found_in_a_folder_beside_a_file_or_on_the_hub() {
     assert!(err.to_string().contains("no-such-folder"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn a_leading_byte_order_mark_is_not_text() {
+    let dir = temp_dir("bom");
+    let text = dir.join("bom.txt");
+    std::fs::write(&text, "\u{feff}First speech\n\nSecond speech\n").unwrap();
+    let documents = read_text_documents(&text).unwrap();
+    assert_eq!(documents[0].text, "First speech");
+    let jsonl = dir.join("bom.jsonl");
+    std::fs::write(&jsonl, "\u{feff}{\"text\": \"one\"}\n{\"text\": \"two\"}\n").unwrap();
+    let documents = read_jsonl(&jsonl).unwrap();
+    assert_eq!(documents[0].text, "one");
+    // Only a leading mark is dropped; one inside the text is text.
+    std::fs::write(&text, "a\u{feff}b\n\nc\n").unwrap();
+    assert_eq!(read_text_documents(&text).unwrap()[0].text, "a\u{feff}b");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

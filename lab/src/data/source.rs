@@ -242,9 +242,17 @@ pub fn wikitext_hint() -> String {
         .into()
 }
 
-/// Reads a whole file as UTF-8.
+/// UTF-8's byte-order mark.
+const UTF8_BOM: &[u8] = &[0xEF, 0xBB, 0xBF];
+
+/// Reads a whole file as UTF-8, without a leading byte-order mark.
 pub fn read_utf8(path: &Path) -> Result<String, DataError> {
-    let bytes = std::fs::read(path).map_err(|e| DataError::io("read", path, e))?;
+    let mut bytes = std::fs::read(path).map_err(|e| DataError::io("read", path, e))?;
+    // A leading byte-order mark is an editor's marker, not text: it would be trained on as three
+    // byte tokens, and a JSONL file's first line would not parse.
+    if bytes.starts_with(UTF8_BOM) {
+        bytes.drain(..UTF8_BOM.len());
+    }
     String::from_utf8(bytes).map_err(|e| DataError::InvalidUtf8 {
         path: path.into(),
         offset: e.utf8_error().valid_up_to(),
