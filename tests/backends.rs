@@ -579,8 +579,18 @@ fn train<B: AutodiffBackend>(
 #[cfg(feature = "autodiff")]
 fn check_fused_linear_cross_entropy<B: coupled_qk::model::FusedLoss>(device: &B::Device) {
     let mut worst = 0.0f64;
-    let expected = fused_loss_outputs::<RefAd>(&Default::default());
-    let got = fused_loss_outputs::<B>(device);
+    // One draw for both backends: the global seed is shared with the tests running at once.
+    let on_ref = Default::default();
+    Ref::seed(&on_ref, 3);
+    let normal = Distribution::Normal(0.0, 1.5);
+    let inputs = [
+        [ROWS_FUSED, D_MODEL],
+        [VOCAB_FUSED, D_MODEL],
+        [1, VOCAB_FUSED],
+    ]
+    .map(|shape| Tensor::<Ref, 2>::random(shape, normal, &on_ref));
+    let expected = fused_loss_outputs::<RefAd>(&inputs, &Default::default());
+    let got = fused_loss_outputs::<B>(&inputs, device);
     for (i, (e, g)) in expected.into_iter().zip(got).enumerate() {
         let scale = e.iter().fold(1.0f64, |m, x| m.max(x.abs()));
         worst = worst.max(
@@ -599,24 +609,27 @@ fn check_fused_linear_cross_entropy<B: coupled_qk::model::FusedLoss>(device: &B:
     );
 }
 
+/// Rows and vocabulary of the fused linear cross-entropy's parity check.
+#[cfg(feature = "autodiff")]
+const ROWS_FUSED: usize = 10;
+#[cfg(feature = "autodiff")]
+const VOCAB_FUSED: usize = 13;
+
 /// The loss and the gradients of hidden states, head and bias of the fused linear cross-entropy
 /// on `device`, from the same values (drawn on Flex) whatever the backend.
 #[cfg(feature = "autodiff")]
-fn fused_loss_outputs<B: coupled_qk::model::FusedLoss>(device: &B::Device) -> Vec<Vec<f64>> {
+fn fused_loss_outputs<B: coupled_qk::model::FusedLoss>(
+    inputs: &[Tensor<Ref, 2>; 3],
+    device: &B::Device,
+) -> Vec<Vec<f64>> {
     use burn::tensor::Float;
     use coupled_qk::model::fused_linear_cross_entropy;
-    const ROWS: usize = 10;
-    const VOCAB: usize = 13;
-    let on_ref = Default::default();
-    Ref::seed(&on_ref, 3);
-    let normal = Distribution::Normal(0.0, 1.5);
-    let draw = |shape: [usize; 2]| {
-        let t = Tensor::<Ref, 2>::random(shape, normal, &on_ref);
-        move_to::<Ref, B, 2, Float>(t, device).require_grad()
-    };
-    let (hidden, head) = (draw([ROWS, D_MODEL]), draw([VOCAB, D_MODEL]));
-    let bias = Tensor::<Ref, 1>::random([VOCAB], normal, &on_ref);
-    let bias = move_to::<Ref, B, 1, Float>(bias, device).require_grad();
+    const ROWS: usize = ROWS_FUSED;
+    const VOCAB: usize = VOCAB_FUSED;
+    let to = |t: &Tensor<Ref, 2>| move_to::<Ref, B, 2, Float>(t.clone(), device).require_grad();
+    let (hidden, head) = (to(&inputs[0]), to(&inputs[1]));
+    let bias =
+        move_to::<Ref, B, 1, Float>(inputs[2].clone().reshape([VOCAB]), device).require_grad();
     let targets: Vec<i64> = (0..ROWS).map(|i| ((i * 5 + 2) % VOCAB) as i64).collect();
     let weight: Vec<f32> = (0..ROWS).map(|i| [0.0, 0.5, 1.0][i % 3]).collect();
     let loss = fused_linear_cross_entropy(
