@@ -46,7 +46,7 @@ pub mod model;
 pub mod step_size;
 
 pub use attention::{
-    AttentionInput, CoupledQkAttention, CoupledQkAttentionConfig, CoupledQkCache,
+    AttentionInput, AttentionKernel, CoupledQkAttention, CoupledQkAttentionConfig, CoupledQkCache,
     DifferentialAttention, DifferentialAttentionConfig, DynamicsStats, KvCache, QkStates,
     RotaryConfig, RotaryPosition,
 };

@@ -574,6 +574,129 @@ fn train<B: AutodiffBackend>(
     losses
 }
 
+/// Within float rounding of each other on one backend: flash and explicit scoring compute the
+/// same function in another order (relative to the largest value of each compared tensor, at
+/// least 1).
+#[cfg(feature = "autodiff")]
+const FLASH_TOL: f64 = 1e-5;
+
+/// Under autodiff the flash kernel gives the explicit kernel's outputs and gradients (input and
+/// every parameter) on the backend under test: every variant, causal and not, with padding and
+/// attention masks, rotary positions after the dynamics (causal) and before them (not causal).
+#[cfg(feature = "autodiff")]
+fn check_flash_against_explicit<B: coupled_qk::attention::FlashAttention>(device: &B::Device) {
+    use coupled_qk::AttentionKernel;
+    coupled_qk::attention::register_flash_attention::<B>();
+    let mut worst = 0.0f64;
+    for (v, variant) in variants().iter().enumerate() {
+        for (causal, position) in [
+            (true, RotaryPosition::AfterDynamics),
+            (false, RotaryPosition::BeforeDynamics),
+        ] {
+            let seed = 71 + v as u64;
+            let rotary = Some(RotaryConfig::new(SEQ).with_position(position));
+            let reference = reference_layer(variant, rotary.clone(), causal, seed);
+            let layer = copy_weights(
+                reference,
+                empty_layer::<B>(variant, rotary, causal, device),
+                device,
+            );
+            let (x, weights) = (input(seed + 1), input(seed + 2));
+            let run = |kernel: AttentionKernel| {
+                let layer = layer.clone().with_kernel(kernel);
+                let x = move_to::<Ref, B, 3, burn::tensor::Float>(x.clone(), device).require_grad();
+                let out = forward(
+                    &layer,
+                    x.clone(),
+                    Some(move_to(padding(), device)),
+                    Some(move_to(attention_mask(), device)),
+                );
+                let weights = move_to::<Ref, B, 3, burn::tensor::Float>(weights.clone(), device);
+                let grads = (out.clone() * weights).sum().backward();
+                let mut all = vec![Some(values(out)), x.grad(&grads).map(values)];
+                all.extend(gradients(&layer, &grads));
+                all
+            };
+            let (explicit, flash) = (run(AttentionKernel::Explicit), run(AttentionKernel::Flash));
+            assert_eq!(explicit.len(), flash.len());
+            for (i, (e, f)) in explicit.into_iter().zip(flash).enumerate() {
+                let what = match i {
+                    0 => "output".to_string(),
+                    1 => "input gradient".to_string(),
+                    i => format!("gradient of parameter {}", i - 2),
+                };
+                let (Some(e), Some(f)) = (e, f) else {
+                    panic!("{variant}: {what} exists with one kernel only");
+                };
+                let scale = e.iter().fold(1.0f64, |m, x| m.max(x.abs()));
+                let err = max_abs_diff(&e, &f);
+                assert!(
+                    err <= FLASH_TOL * scale,
+                    "{variant} (causal {causal}): {what}: flash differs from explicit by {err:e} > {:e}",
+                    FLASH_TOL * scale
+                );
+                worst = worst.max(err / scale);
+            }
+        }
+    }
+    report::<B>(
+        device,
+        "flash kernel against explicit, outputs and gradients (same backend, relative)",
+        worst,
+    );
+}
+
+/// Three AdamW steps of the `tiny` GPT (Euler and differential+Euler attention) give the same
+/// losses with the flash kernel as with the explicit one, on the backend under test, within
+/// [`LOSS_TOL`]: AdamW's first steps move every weight by about the learning rate whatever the
+/// gradient's size, so rounding differences of 1e-6 grow to ~1e-4 in the loss by the third step
+/// (measured on NdArray).
+#[cfg(feature = "autodiff")]
+fn check_training_steps_with_flash<B: coupled_qk::attention::FlashAttention>(device: &B::Device) {
+    use coupled_qk::AttentionKernel;
+    const VOCAB: usize = 64;
+    const SEQ_LEN: usize = 16;
+    coupled_qk::attention::register_flash_attention::<B>();
+    let batches: Vec<Vec<i64>> = (0..3)
+        .map(|step| {
+            (0..BATCH * (SEQ_LEN + 1))
+                .map(|i| ((i * 5 + step * 11 + i * i) % VOCAB) as i64)
+                .collect()
+        })
+        .collect();
+    let mut worst = 0.0f64;
+    for variant in [
+        AttentionVariant::Coupled(DynamicsConfig::euler(1)),
+        AttentionVariant::Differential(DynamicsConfig::euler(1)),
+    ] {
+        let config = GptConfig::preset(Preset::Tiny, VOCAB).with_attention(variant.clone());
+        let ref_device = Default::default();
+        RefAd::seed(&ref_device, 5);
+        let reference = materialised(config.init::<RefAd>(&ref_device));
+        let model = copy_weights(reference, config.init::<B>(device), device);
+        let explicit = train(model.clone(), &batches, SEQ_LEN, device);
+        let flash = train(
+            model.with_attention_kernel(AttentionKernel::Flash),
+            &batches,
+            SEQ_LEN,
+            device,
+        );
+        for (step, (e, f)) in explicit.iter().zip(&flash).enumerate() {
+            let err = (e - f).abs();
+            assert!(
+                err <= LOSS_TOL,
+                "{variant}: training step {step}: loss {f} with the flash kernel, {e} with the explicit one"
+            );
+            worst = worst.max(err);
+        }
+    }
+    report::<B>(
+        device,
+        "losses of three training steps, flash kernel against explicit (same backend)",
+        worst,
+    );
+}
+
 /// The fused linear cross-entropy (chunks of 3 rows over 10, a weight mask, a bias): its loss and
 /// the gradients of the hidden states, head and bias on the backend under test equal Flex's.
 #[cfg(feature = "autodiff")]
@@ -735,6 +858,15 @@ macro_rules! backend_tests {
                 }
             }
 
+            #[cfg(feature = "autodiff")]
+            #[test]
+            fn flash_kernel_equals_explicit_scoring() {
+                if let Some(device) = $device {
+                    check_flash_against_explicit::<Ad>(&device);
+                    check_training_steps_with_flash::<Ad>(&device);
+                }
+            }
+
             #[test]
             fn three_training_steps_of_the_tiny_gpt_equal_flex() {
                 if let Some(device) = $device {
@@ -743,6 +875,14 @@ macro_rules! backend_tests {
             }
         }
     };
+}
+
+/// Flex, the reference backend, has the flash kernel too.
+#[cfg(feature = "autodiff")]
+#[test]
+fn flex_flash_kernel_equals_explicit_scoring() {
+    check_flash_against_explicit::<RefAd>(&Default::default());
+    check_training_steps_with_flash::<RefAd>(&Default::default());
 }
 
 #[cfg(feature = "ndarray")]

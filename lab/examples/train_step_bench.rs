@@ -10,13 +10,15 @@
 //! Configurations: `tiny` (the preset: d 128, 4 layers, 4 heads, context 256; batch 16, vocab 256),
 //! `torch-small` (d 128, 4 layers, 4 heads, seq 128, batch 16, vocab 512) and `torch-medium`
 //! (d 256, 4 layers, 4 heads, seq 256, batch 8, vocab 8192), the two shapes of the PyTorch
-//! eager reference figures in docs/performance.md (11.8k and 2.1k tokens/s on 2 threads), `layer-60m` (one attention layer of
+//! eager reference figures in docs/performance.md (11.8k and 2.1k tokens/s on 2 threads), `long`
+//! (d 128, 4 layers, 4 heads, context 1024, batch 4, vocab 256), `layer-60m` (one attention layer of
 //! the 60m preset, d 576, 9 heads, seq 512, batch 8, under AdamW with a squared-output loss; with
 //! burn-nn's `MultiHeadAttention` beside the crate's variants), and with `--with-60m` the whole
 //! `60m` preset (batch 8 × 512, GPT-2 vocabulary). The whole models train on the fused loss (as
 //! the training loop does by default); `--loss explicit` takes the explicit `log_softmax` path
 //! and `--loss fused,explicit` runs every variant with both (docs/performance.md, "Fused linear
-//! cross-entropy").
+//! cross-entropy"). `--attention-kernel flash` scores attention with the flash op under autodiff
+//! (`explicit,flash`: both, per variant).
 //!
 //! Every variant of a configuration is built first and the timed steps go round-robin (the order
 //! rotated each round), so a change in the machine's load falls on all variants alike. Each
@@ -36,8 +38,8 @@ use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Distribution, Tensor};
 use clap::Parser;
-use coupled_qk::CoupledQkAttentionConfig;
-use coupled_qk::model::{AttentionVariant, FusedLoss, Gpt, GptConfig, Preset};
+use coupled_qk::model::{AttentionVariant, FusedOps, Gpt, GptConfig, Preset};
+use coupled_qk::{AttentionKernel, CoupledQkAttentionConfig};
 use coupled_qk_lab::alloc::ALLOC;
 use coupled_qk_lab::backend::{BackendChoice, MultiDeviceTask, dispatch_devices};
 use coupled_qk_lab::data::TokenBatch;
@@ -59,10 +61,10 @@ struct Args {
     /// Untimed steps first, per variant.
     #[arg(long, default_value_t = 2)]
     warmup: usize,
-    /// Also the whole 60m preset (slow on a CPU: many seconds per step).
+    /// Also the whole 60m preset (slow on a CPU: many seconds per step; `--only 60m` runs it too).
     #[arg(long)]
     with_60m: bool,
-    /// Only these configurations (tiny, torch-small, torch-medium, layer-60m, 60m).
+    /// Only these configurations (tiny, torch-small, torch-medium, long, layer-60m, 60m).
     #[arg(long, value_delimiter = ',')]
     only: Option<Vec<String>>,
     /// Only these variants (standard, euler1, euler3, leapfrog1, mlp-only, affine1, diff, diff+euler1, burn-mha);
@@ -82,6 +84,10 @@ struct Args {
     /// variant once per loss, the ratios to the first row).
     #[arg(long, value_delimiter = ',', default_value = "fused")]
     loss: Vec<LossKind>,
+    /// How attention is scored under autodiff: explicit, flash, or both (`explicit,flash`: each
+    /// variant once per kernel, the ratios to the first row).
+    #[arg(long, value_delimiter = ',', default_value = "explicit")]
+    attention_kernel: Vec<AttentionKernel>,
     /// Write the figures as JSON here.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -117,13 +123,20 @@ fn shapes(args: &Args) -> Vec<Shape> {
             seq: 256,
         },
         Shape {
+            name: "long",
+            model: Some(gpt(256, 128, 4, 4, 1024)),
+            batch: 4,
+            seq: 1024,
+        },
+        Shape {
             name: "layer-60m",
             model: None,
             batch: 8,
             seq: 512,
         },
     ];
-    if args.with_60m {
+    let only_60m = args.only.iter().flatten().any(|o| o == "60m");
+    if args.with_60m || only_60m {
         shapes.push(Shape {
             name: "60m",
             model: Some(GptConfig::preset(Preset::M60, 50257)),
@@ -192,15 +205,17 @@ fn measured<B: AutodiffBackend>(device: &B::Device, work: impl FnOnce()) -> Meas
     }
 }
 
-fn model_step<'a, B: FusedLoss>(
+fn model_step<'a, B: FusedOps>(
     config: GptConfig,
     shape: &Shape,
     devices: &'a [B::Device],
     loss: LossKind,
+    kernel: AttentionKernel,
 ) -> Step<'a> {
     let device = &devices[0];
     B::seed(device, 0);
-    let mut model = Some(config.init::<B>(device));
+    coupled_qk::attention::register_flash_attention::<B>();
+    let mut model = Some(config.init::<B>(device).with_attention_kernel(kernel));
     let mut optimizer = AdamWConfig::new().init::<B, Gpt<B>>();
     let mut rng = StdRng::seed_from_u64(0);
     let (rows, seq_len, vocab) = (shape.batch, shape.seq, config.vocab_size as i64);
@@ -224,19 +239,22 @@ fn model_step<'a, B: FusedLoss>(
 }
 
 /// One layer of the 60m shape (d 576, 9 heads, causal) under a squared-output loss.
-fn layer_step<'a, B: AutodiffBackend>(
+fn layer_step<'a, B: FusedOps>(
     contender: &Contender,
     shape: &Shape,
     devices: &'a [B::Device],
+    kernel: AttentionKernel,
 ) -> Option<Step<'a>> {
     let device = &devices[0];
     B::seed(device, 0);
+    coupled_qk::attention::register_flash_attention::<B>();
     let (rows, seq) = (shape.batch, shape.seq);
     match contender {
         Contender::Crate(AttentionVariant::Coupled(dynamics)) => {
             let layer = CoupledQkAttentionConfig::new(576, 9)
                 .with_dynamics(dynamics.clone())
                 .with_causal(true)
+                .with_kernel(kernel)
                 .init::<B>(device);
             Some(train_layer(layer, |l, x| l.forward(x), rows, seq, devices))
         }
@@ -299,6 +317,13 @@ fn optimise<B: AutodiffBackend, M: AutodiffModule<B>>(
     *slot = Some(optimizer.step(1e-4, module, grads));
 }
 
+/// A `Vm…` line of /proc/self/status in KiB (Linux; `None` elsewhere).
+fn rss_kib(field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
 fn median(mut xs: Vec<f64>) -> f64 {
     xs.sort_by(f64::total_cmp);
     xs[xs.len() / 2]
@@ -311,7 +336,7 @@ struct Bench<'a> {
 impl MultiDeviceTask for Bench<'_> {
     type Output = serde_json::Value;
 
-    fn run<B: FusedLoss>(
+    fn run<B: FusedOps>(
         self,
         devices: Vec<B::Device>,
         name: &'static str,
@@ -319,37 +344,61 @@ impl MultiDeviceTask for Bench<'_> {
     ) -> serde_json::Value {
         let args = self.args;
         let mut rows = Vec::new();
+        // The process's resident memory before the first step of the first configuration: with
+        // the peak (VmHWM) at the end, the memory counted the way benches/vs_pytorch counts
+        // PyTorch's (one configuration and kernel per process there).
+        let mut rss_before: Option<Option<u64>> = None;
         println!(
             "| config | variant | median step ms | tokens/s | ratio to standard | step peak MiB | memory ratio |\n|---|---|---|---|---|---|---|"
         );
         for shape in shapes(args) {
-            let mut runners: Vec<(String, Step)> = Vec::new();
+            let mut runners: Vec<(String, AttentionKernel, Step)> = Vec::new();
             for (label, contender) in contenders(args) {
-                match (&shape.model, &contender) {
-                    (Some(model), Contender::Crate(variant)) => {
-                        for &loss in &args.loss {
-                            let step = model_step::<B>(
-                                model.clone().with_attention(variant.clone()),
-                                &shape,
-                                &devices,
-                                loss,
-                            );
-                            let label = match args.loss.len() {
-                                1 => label.clone(),
-                                _ => format!("{label} ({loss} loss)"),
-                            };
-                            runners.push((label, step));
+                for &kernel in &args.attention_kernel {
+                    // Rows are labelled by what varies: the loss, the kernel, or both.
+                    let kernel_label =
+                        (args.attention_kernel.len() > 1).then(|| format!("{kernel} kernel"));
+                    match (&shape.model, &contender) {
+                        (Some(model), Contender::Crate(variant)) => {
+                            for &loss in &args.loss {
+                                let step = model_step::<B>(
+                                    model.clone().with_attention(variant.clone()),
+                                    &shape,
+                                    &devices,
+                                    loss,
+                                    kernel,
+                                );
+                                let loss_label =
+                                    (args.loss.len() > 1).then(|| format!("{loss} loss"));
+                                let notes: Vec<String> = [loss_label, kernel_label.clone()]
+                                    .into_iter()
+                                    .flatten()
+                                    .collect();
+                                let label = match notes.is_empty() {
+                                    true => label.clone(),
+                                    false => format!("{label} ({})", notes.join(", ")),
+                                };
+                                runners.push((label, kernel, step));
+                            }
                         }
-                    }
-                    (Some(_), Contender::BurnMha) => {}
-                    (None, _) => {
-                        if let Some(step) = layer_step::<B>(&contender, &shape, &devices) {
-                            runners.push((label, step));
+                        (Some(_), Contender::BurnMha) => {}
+                        (None, Contender::BurnMha) if kernel != args.attention_kernel[0] => {}
+                        (None, _) => {
+                            if let Some(step) =
+                                layer_step::<B>(&contender, &shape, &devices, kernel)
+                            {
+                                let label = match (&kernel_label, &contender) {
+                                    (Some(k), Contender::Crate(_)) => format!("{label} ({k})"),
+                                    _ => label.clone(),
+                                };
+                                runners.push((label, kernel, step));
+                            }
                         }
                     }
                 }
             }
-            for (_, step) in runners.iter_mut() {
+            rss_before.get_or_insert(rss_kib("VmRSS").map(|k| k * 1024));
+            for (_, _, step) in runners.iter_mut() {
                 for _ in 0..args.warmup {
                     step();
                 }
@@ -359,11 +408,11 @@ impl MultiDeviceTask for Bench<'_> {
             for rep in 0..args.reps {
                 for i in 0..n {
                     let index = (i + rep) % n;
-                    measures[index].push((runners[index].1)());
+                    measures[index].push((runners[index].2)());
                 }
             }
             let (mut standard_s, mut standard_bytes) = (None, None);
-            for ((label, _), measures) in runners.iter().zip(measures) {
+            for ((label, kernel, _), measures) in runners.iter().zip(measures) {
                 let times: Vec<f64> = measures.iter().map(|m| m.secs).collect();
                 let bytes: Vec<f64> = measures.iter().map(|m| m.peak_bytes as f64).collect();
                 let (step, peak) = (median(times.clone()), median(bytes));
@@ -379,7 +428,8 @@ impl MultiDeviceTask for Bench<'_> {
                     peak / standard_peak,
                 );
                 rows.push(serde_json::json!({
-                    "config": shape.name, "variant": label, "batch": shape.batch, "seq": shape.seq,
+                    "config": shape.name, "variant": label, "attention_kernel": kernel.to_string(),
+                    "batch": shape.batch, "seq": shape.seq,
                     "step_s_median": step, "step_s": times, "tokens_per_s": tokens_per_s,
                     "ratio_to_standard": step / standard_step,
                     "step_peak_bytes_median": peak, "memory_ratio_to_standard": peak / standard_peak,
@@ -387,9 +437,15 @@ impl MultiDeviceTask for Bench<'_> {
             }
         }
         let losses: Vec<String> = args.loss.iter().map(LossKind::to_string).collect();
+        let kernels: Vec<String> = args
+            .attention_kernel
+            .iter()
+            .map(AttentionKernel::to_string)
+            .collect();
         serde_json::json!({
             "backend": name, "devices": devices.len(), "reps": args.reps, "warmup": args.warmup,
-            "losses": losses, "rows": rows,
+            "losses": losses, "attention_kernels": kernels, "rows": rows,
+            "rss_before_first_step_bytes": rss_before.flatten(), "peak_rss_bytes": rss_kib("VmHWM").map(|k| k * 1024),
         })
     }
 }

@@ -15,6 +15,7 @@
 //! metrics.csv, summary.json, loss.svg, checkpoints/) go to `--out`; `--resume` continues a run.
 
 use clap::Parser;
+use coupled_qk::AttentionKernel;
 use coupled_qk::model::{AttentionVariant, GptConfig, Preset};
 use coupled_qk_lab::backend::{BackendChoice, dispatch_devices};
 use coupled_qk_lab::data::{CorpusSource, LoadOptions, SplitOptions, TokenizerKind, load_corpus};
@@ -108,6 +109,12 @@ struct Args {
     /// The same loss either way; a resume may change it.
     #[arg(long, default_value = "fused")]
     loss: LossKind,
+    /// How attention scores are computed in training: explicit (the [batch, heads, seq, seq]
+    /// weights kept for the backward pass) or flash (recomputed blockwise, memory linear in
+    /// --seq-len; the model must have no dropout). The same function either way; a resume may
+    /// change it.
+    #[arg(long, default_value = "explicit")]
+    attention_kernel: AttentionKernel,
     /// Fraction of documents held out for validation (JSONL and text corpora).
     #[arg(long, default_value_t = 0.1)]
     valid_fraction: f64,
@@ -122,6 +129,7 @@ fn apply_flags(args: &Args, config: &mut TrainConfig) -> Result<Vec<String>, Str
     };
     config.seed = args.seed;
     config.loss = args.loss;
+    config.attention_kernel = args.attention_kernel;
     if let Some(v) = positive("--seq-len", args.seq_len)? {
         config.seq_len = v;
     }

@@ -4,7 +4,7 @@
 //! [`dispatch_devices`] runs a task on one or several devices of one backend (`--devices N` of
 //! the programs that train: data-parallel training over GPUs, or over workers sharing the CPU).
 
-use coupled_qk::model::FusedLoss;
+use coupled_qk::model::FusedOps;
 use std::str::FromStr;
 
 /// A backend choice from the command line.
@@ -45,8 +45,9 @@ pub trait MultiDeviceTask {
     type Output;
     /// Runs on backend `B` over `devices` (at least one; the first is the main device); `name`
     /// says which backend, `gpu` whether it is a GPU backend. Every backend it is given is
-    /// Burn's `Autodiff` over one, so it has the fused loss ([`FusedLoss`]).
-    fn run<B: FusedLoss>(
+    /// Burn's `Autodiff` over one, so it has the fused loss and flash attention
+    /// ([`FusedOps`]).
+    fn run<B: FusedOps>(
         self,
         devices: Vec<B::Device>,
         name: &'static str,

@@ -1,6 +1,7 @@
 //! [`AttentionInput`]: the sequence and masks both attention layers take, and the checks of
 //! their shapes and configs that the layers share.
 
+use super::kernel::AttentionKernel;
 use super::mask::combine_masks;
 use crate::error::ConfigError;
 use burn::tensor::{Bool, Tensor, backend::Backend};
@@ -101,6 +102,24 @@ pub(crate) fn validate_heads_and_dropout(
             "dropout",
             dropout,
             "must be in [0, 1)",
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses the flash kernel with attention dropout, which it does not apply.
+pub(crate) fn validate_kernel(
+    config: &'static str,
+    kernel: AttentionKernel,
+    dropout: f64,
+) -> Result<(), ConfigError> {
+    if kernel == AttentionKernel::Flash && dropout > 0.0 {
+        return Err(ConfigError::new(
+            config,
+            "dropout",
+            dropout,
+            "must be 0 with kernel = flash, which applies no attention dropout (use the explicit \
+             kernel for dropout)",
         ));
     }
     Ok(())

@@ -1,19 +1,29 @@
 //! The attention layers: coupled QK attention (with the standard and MLP-only baselines) and
 //! differential attention. Both take an [`AttentionInput`], score with one scaled dot-product
-//! function (`sdpa`) and build their masks with one mask builder (`mask`).
+//! function (`sdpa`: explicit, or the blockwise `flash` op under autodiff) and build their masks with one mask builder (`mask`).
 
+mod blockwise;
 mod cache;
 mod coupled;
 mod differential;
+#[cfg(feature = "autodiff")]
+mod flash;
 mod input;
+mod kernel;
 mod mask;
 mod probe;
 mod rotary;
 mod sdpa;
 
+pub use blockwise::{BLOCK_FLOATS, default_block_rows};
 pub use cache::{CoupledQkCache, KvCache};
 pub use coupled::{CoupledQkAttention, CoupledQkAttentionConfig, QkStates};
 pub use differential::{DifferentialAttention, DifferentialAttentionConfig};
+#[cfg(feature = "autodiff")]
+pub use flash::{FlashAttention, flash_attention};
 pub use input::AttentionInput;
+#[cfg(feature = "autodiff")]
+pub use kernel::register_flash_attention;
+pub use kernel::{AttentionKernel, UnknownKernel};
 pub use probe::DynamicsStats;
 pub use rotary::{RotaryConfig, RotaryPosition};

@@ -1,5 +1,6 @@
 //! Scaled dot-product scoring: the one place that turns evolved queries and keys into context.
 
+use super::kernel::{AttentionKernel, FlashFn, flash_for};
 use super::mask::{causal_bias, future_mask};
 use burn::nn::Dropout;
 use burn::tensor::activation::softmax;
@@ -14,16 +15,23 @@ use burn::tensor::{Bool, FloatDType, Tensor, backend::Backend};
 /// yields zeros, not NaN.
 ///
 /// Without autodiff it uses Burn's `attention` op (fused where the backend has a kernel). Under
-/// autodiff it scores explicitly: Burn's autodiff decomposes that op anyway, and its decomposition
-/// expands the causal mask to `[batch, heads, s_q, s_k]` and copies it in a masked fill forward and
-/// backward, and differentiates through the softmax's max shift. The explicit path adds the
-/// causal mask as a broadcast `[s_q, s_k]` bias (free in the backward pass) and uses `softmax`,
-/// whose shift is detached; it also applies attention dropout, which the op has not.
+/// autodiff the `kernel` decides: [`AttentionKernel::Flash`] calls the backend's flash op
+/// ([`flash_attention`](super::flash_attention)), which keeps no `[s_q, s_k]` tensor for the
+/// backward pass; [`AttentionKernel::Explicit`] scores explicitly, because Burn's autodiff
+/// decomposes its op anyway, and its decomposition expands the causal mask to
+/// `[batch, heads, s_q, s_k]` and copies it in a masked fill forward and backward, and
+/// differentiates through the softmax's max shift. The explicit path adds the causal mask as a
+/// broadcast `[s_q, s_k]` bias (free in the backward pass) and uses `softmax`, whose shift is
+/// detached; it also applies attention dropout, which the op has not.
 ///
 /// # Shapes
 /// - `q`: `[batch, heads, s_q, d_head]`; `k`, `v`: `[batch, heads, s_k, d_head]`
 /// - `mask`: `[batch, heads, s_q, s_k]`
 /// - output: `[batch, heads, s_q, d_head]`
+///
+/// # Panics
+/// With [`AttentionKernel::Flash`] under an autodiff backend that has no flash op registered (see
+/// [`register_flash_attention`](super::register_flash_attention)).
 pub(crate) fn attend<B: Backend>(
     q: Tensor<B, 4>,
     k: Tensor<B, 4>,
@@ -31,9 +39,14 @@ pub(crate) fn attend<B: Backend>(
     mask: Option<Tensor<B, 4, Bool>>,
     causal: bool,
     dropout: &Dropout,
+    kernel: AttentionKernel,
 ) -> Tensor<B, 4> {
-    if B::ad_enabled(&q.device()) {
-        return attend_explicit(q, k, v, mask, causal, dropout);
+    let device = q.device();
+    if B::ad_enabled(&device) {
+        return match kernel {
+            AttentionKernel::Explicit => attend_explicit(q, k, v, mask, causal, dropout),
+            AttentionKernel::Flash => flash::<B>(&device)(q, k, v, mask, causal),
+        };
     }
     let options = AttentionModuleOptions {
         scale: None,
@@ -41,6 +54,23 @@ pub(crate) fn attend<B: Backend>(
         is_causal: causal,
     };
     attention(q, k, v, mask, None, options)
+}
+
+/// The flash op of `B`.
+///
+/// # Panics
+/// If `B` has none registered, naming the backend and the remedy.
+pub(crate) fn flash<B: Backend>(device: &B::Device) -> FlashFn<B> {
+    flash_for::<B>().unwrap_or_else(|| {
+        panic!(
+            "AttentionKernel::Flash: the autodiff backend {} ({}) has no flash attention op \
+             registered; call coupled_qk::attention::register_flash_attention::<YourBackend>() once \
+             before training (every burn::backend::Autodiff<B, C> has the op), or use \
+             AttentionKernel::Explicit",
+            B::name(device),
+            std::any::type_name::<B>()
+        )
+    })
 }
 
 /// The explicit path: scores, masks, NaN-safe softmax, dropout on the weights.
@@ -201,6 +231,7 @@ mod tests {
                 None,
                 true,
                 &no_dropout,
+                AttentionKernel::Explicit,
             ));
             for (got, expected) in got.into_iter().zip(expected) {
                 got.into_data()

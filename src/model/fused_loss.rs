@@ -8,6 +8,7 @@
 //! implementation for `Autodiff<B, C>`.
 
 use super::linear_loss::{LinearLoss, Wanted};
+use crate::attention::FlashAttention;
 use burn::backend::Autodiff;
 use burn::backend::autodiff::NodeId;
 use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
@@ -29,6 +30,12 @@ pub trait FusedLoss: AutodiffBackend {
         chunk_rows: usize,
     ) -> FloatTensor<Self>;
 }
+
+/// An autodiff backend with both of the crate's fused training ops, the loss ([`FusedLoss`]) and
+/// attention ([`FlashAttention`]): every `Autodiff<B, C>`.
+pub trait FusedOps: FusedLoss + FlashAttention {}
+
+impl<B: FusedLoss + FlashAttention> FusedOps for B {}
 
 /// `Σ_i weight_i · (−log softmax(hidden_i · headᵀ + bias)[target_i])`, the summed token loss of a
 /// linear head, as one autodiff op that never holds more than `chunk_rows` rows of logits (see

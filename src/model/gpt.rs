@@ -3,7 +3,9 @@
 //! embedding. Shapes in comments: `b` batch,
 //! `s` sequence, `d` d_model, `v` vocabulary.
 
-use crate::attention::{CoupledQkAttention, DifferentialAttention, DynamicsStats, KvCache};
+use crate::attention::{
+    AttentionKernel, CoupledQkAttention, DifferentialAttention, DynamicsStats, KvCache,
+};
 use burn::module::Module;
 use burn::nn::{Embedding, Gelu, LayerNorm, Linear, RmsNorm};
 use burn::tensor::{Int, Tensor, backend::Backend};
@@ -59,6 +61,17 @@ impl<B: Backend> BlockAttention<B> {
         match self {
             Self::Coupled(attention) => attention.forward_cache(x, cache),
             Self::Differential(attention) => attention.forward_cache(x, cache),
+        }
+    }
+
+    /// The same layer scoring with `kernel` under autodiff.
+    ///
+    /// # Panics
+    /// If `kernel` is [`Flash`](AttentionKernel::Flash) and the layer has attention dropout.
+    pub fn with_kernel(self, kernel: AttentionKernel) -> Self {
+        match self {
+            Self::Coupled(attention) => Self::Coupled(attention.with_kernel(kernel)),
+            Self::Differential(attention) => Self::Differential(attention.with_kernel(kernel)),
         }
     }
 
@@ -192,6 +205,25 @@ impl<B: Backend> Gpt<B> {
             }
             None => x,
         }
+    }
+
+    /// The same model with every attention layer scoring with `kernel` under autodiff
+    /// ([`AttentionKernel::Flash`] to train with memory linear in the sequence length). The
+    /// weights, outputs and saved configs are unchanged: the kernel is how the model runs, not
+    /// what it is.
+    ///
+    /// # Panics
+    /// If `kernel` is [`Flash`](AttentionKernel::Flash) and the attention layers have dropout.
+    pub fn with_attention_kernel(mut self, kernel: AttentionKernel) -> Self {
+        self.blocks = self
+            .blocks
+            .into_iter()
+            .map(|block| Block {
+                attention: block.attention.with_kernel(kernel),
+                ..block
+            })
+            .collect();
+        self
     }
 
     /// Next-token logits.

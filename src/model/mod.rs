@@ -13,7 +13,7 @@ mod weights;
 
 pub use config::{GptConfig, NormKind, Positions, Preset};
 #[cfg(feature = "autodiff")]
-pub use fused_loss::{FusedLoss, fused_linear_cross_entropy};
+pub use fused_loss::{FusedLoss, FusedOps, fused_linear_cross_entropy};
 pub use generate::SamplerConfig;
 pub use gpt::{Block, BlockAttention, Gpt, GptCache, Mlp, Norm};
 pub use linear_loss::{CHUNK_FLOATS, default_chunk_rows, linear_cross_entropy};

@@ -3,6 +3,7 @@
 use super::{LossKind, TrainError};
 use crate::data::TokenizedCorpus;
 use crate::schedule::WarmupCosine;
+use coupled_qk::AttentionKernel;
 use coupled_qk::model::GptConfig;
 use serde::{Deserialize, Serialize};
 
@@ -60,6 +61,12 @@ pub struct TrainConfig {
     /// `config.json` without it loads as `fused`.
     #[serde(default)]
     pub loss: LossKind,
+    /// How attention scores are computed in training: explicit (weights kept for the backward
+    /// pass, `[batch, heads, seq, seq]` per layer) or flash (recomputed blockwise, memory linear
+    /// in `seq_len`). The same function either way, so a resume may change it; a `config.json`
+    /// without it loads as `explicit`.
+    #[serde(default)]
+    pub attention_kernel: AttentionKernel,
 }
 
 /// A safetensors file a run starts from.
@@ -120,6 +127,7 @@ impl TrainConfig {
             seed: 0,
             init_weights: None,
             loss: LossKind::Fused,
+            attention_kernel: AttentionKernel::Explicit,
         }
     }
 
@@ -133,6 +141,17 @@ impl TrainConfig {
             })
         };
         self.model.validate()?;
+        if self.attention_kernel == AttentionKernel::Flash && self.model.dropout > 0.0 {
+            return bad(
+                "attention_kernel",
+                "flash".into(),
+                format!(
+                    "has no attention dropout, and the model's dropout is {}: use the explicit \
+                     kernel or dropout 0",
+                    self.model.dropout
+                ),
+            );
+        }
         if self.seq_len == 0 || self.seq_len > self.model.context {
             return bad(
                 "seq_len",
@@ -375,7 +394,7 @@ impl std::fmt::Display for FieldChange {
 }
 
 /// The fields whose values differ between two `config.json` texts, leaving out
-/// [`BOOKKEEPING_FIELDS`], the record of earlier changes, the backend and the loss's
+/// [`BOOKKEEPING_FIELDS`], the record of earlier changes, the backend, the attention kernel and the loss's
 /// [`LossKind`] (ways of computing the same function), and the corpus hashes where the old text
 /// has none (it was written before they were recorded).
 ///
@@ -390,6 +409,7 @@ pub fn differing_fields(old: &serde_json::Value, new: &serde_json::Value) -> Vec
             && c.field != "changes"
             && c.field != "backend"
             && c.field != "loss"
+            && c.field != "attention_kernel"
             // A config.json written before the corpus hashes were recorded cannot be checked
             // against them; its corpus name, tokenizer and token counts still are.
             && !(CORPUS_HASH_FIELDS.contains(&c.field.as_str()) && c.old == ABSENT)

@@ -6,7 +6,7 @@ use burn::tensor::activation::log_softmax;
 use burn::tensor::backend::Backend;
 use burn::tensor::{ElementConversion, Int, Tensor, TensorData};
 use coupled_qk::model::{
-    FusedLoss, Gpt, default_chunk_rows, fused_linear_cross_entropy, linear_cross_entropy,
+    FusedOps, Gpt, default_chunk_rows, fused_linear_cross_entropy, linear_cross_entropy,
 };
 use serde::{Deserialize, Serialize};
 
@@ -73,7 +73,7 @@ pub fn batch_nats<B: Backend>(
 ///
 /// # Shapes
 /// - output: `[1]`
-pub fn batch_loss<B: FusedLoss>(
+pub fn batch_loss<B: FusedOps>(
     model: &Gpt<B>,
     batch: &TokenBatch,
     device: &B::Device,

@@ -14,7 +14,7 @@ use burn::module::AutodiffModule;
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{ElementConversion, Tensor};
-use coupled_qk::model::{FusedLoss, Gpt};
+use coupled_qk::model::{FusedOps, Gpt};
 use std::sync::Mutex;
 
 /// A shard's loss value and gradients, or its non-finite loss value.
@@ -34,7 +34,7 @@ type ShardResult = Result<(f64, GradientsParams), f64>;
 ///
 /// # Panics
 /// If `devices` is empty or does not divide `batch.rows`; a worker's panic is passed on.
-pub fn batch_gradients<B: FusedLoss>(
+pub fn batch_gradients<B: FusedOps>(
     model: &Gpt<B>,
     batch: &TokenBatch,
     devices: &[B::Device],

@@ -4,7 +4,7 @@
 use super::{RunOptions, TrainConfig, train_on_devices};
 use crate::backend::MultiDeviceTask;
 use crate::data::TokenizedCorpus;
-use coupled_qk::model::FusedLoss;
+use coupled_qk::model::FusedOps;
 use std::path::PathBuf;
 
 /// Trains `config` on `corpus` into `out` on the backend and devices it is dispatched to, then
@@ -26,7 +26,7 @@ pub struct TrainingRun {
 impl MultiDeviceTask for TrainingRun {
     type Output = Result<(), Box<dyn std::error::Error>>;
 
-    fn run<B: FusedLoss>(
+    fn run<B: FusedOps>(
         self,
         devices: Vec<B::Device>,
         _name: &'static str,

@@ -6,7 +6,7 @@ use super::config::{FieldChange, OPTIMISER_FIELDS, RecordedChange, RunConfig, di
 use super::trainer::Trainer;
 use super::{TrainConfig, TrainError};
 use crate::data::TokenizedCorpus;
-use coupled_qk::model::FusedLoss;
+use coupled_qk::model::FusedOps;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -78,7 +78,7 @@ pub struct RunSummary {
 
 /// Trains `config.model` on `corpus`, writing `config.json`, `metrics.csv`, `loss.svg`,
 /// `summary.json` and `checkpoints/` into `out_dir`; `resume` continues the run there.
-pub fn train<B: FusedLoss>(
+pub fn train<B: FusedOps>(
     config: &TrainConfig,
     corpus: &TokenizedCorpus,
     out_dir: &Path,
@@ -93,7 +93,7 @@ pub fn train<B: FusedLoss>(
 }
 
 /// [`train`] with all its options: [`train_on_devices`] on one device.
-pub fn train_with<B: FusedLoss>(
+pub fn train_with<B: FusedOps>(
     config: &TrainConfig,
     corpus: &TokenizedCorpus,
     out_dir: &Path,
@@ -124,7 +124,7 @@ pub fn train_with<B: FusedLoss>(
 /// # Errors
 /// Those of [`train_with`], and [`TrainError::Config`] for no device or a `batch_size` not
 /// divisible by the device count.
-pub fn train_on_devices<B: FusedLoss>(
+pub fn train_on_devices<B: FusedOps>(
     config: &TrainConfig,
     corpus: &TokenizedCorpus,
     out_dir: &Path,

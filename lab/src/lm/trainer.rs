@@ -26,7 +26,7 @@ use burn::module::{AutodiffModule, Module};
 use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::{AdamW, AdamWConfig, GradientsAccumulator, Optimizer};
 use burn::tensor::ElementConversion;
-use coupled_qk::model::{FusedLoss, Gpt};
+use coupled_qk::model::{FusedOps, Gpt};
 use indicatif::ProgressBar;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -45,7 +45,7 @@ type Adam<B> = OptimizerAdaptor<AdamW, Gpt<B>, B>;
 /// Several devices change only how a micro-batch's gradient is computed: its rows are sharded
 /// across the devices and the shards' gradients summed on the main device, `devices[0]`, which
 /// also holds the optimiser state, evaluates and writes the checkpoints.
-pub struct Trainer<'a, B: FusedLoss> {
+pub struct Trainer<'a, B: FusedOps> {
     config: TrainConfig,
     corpus: &'a TokenizedCorpus,
     devices: &'a [B::Device],
@@ -146,7 +146,7 @@ fn remove_leftovers(out_dir: &Path) -> Result<(), TrainError> {
     Ok(())
 }
 
-impl<'a, B: FusedLoss> Trainer<'a, B> {
+impl<'a, B: FusedOps> Trainer<'a, B> {
     /// Checks the config against the corpus and the devices, decides between a fresh run and a
     /// resume (see [`RunOptions`]), writes `config.json`, and builds or loads the model and the
     /// optimiser.
@@ -225,7 +225,11 @@ impl<'a, B: FusedLoss> Trainer<'a, B> {
         )?;
 
         B::seed(device, config.seed);
-        let mut model: Gpt<B> = config.model.try_init(device)?;
+        coupled_qk::attention::register_flash_attention::<B>();
+        let mut model: Gpt<B> = config
+            .model
+            .try_init(device)?
+            .with_attention_kernel(config.attention_kernel);
         if start.checkpoints.is_none() {
             model = match &config.init_weights {
                 None => model,

@@ -7,8 +7,9 @@ use crate::data::{
     CorpusSource, DataError, LoadOptions, SplitOptions, TokenizedCorpus, TokenizerKind, load_corpus,
 };
 use crate::lm::{TrainConfig, TrainError};
+use coupled_qk::AttentionKernel;
 use coupled_qk::model::AttentionVariant;
-use coupled_qk::model::FusedLoss;
+use coupled_qk::model::FusedOps;
 use coupled_qk::model::{GptConfig, Preset};
 use std::path::PathBuf;
 
@@ -55,6 +56,11 @@ pub struct Budget {
     /// Token cache folder (default: $COUPLED_QK_CACHE or ~/.cache/coupled-qk).
     #[arg(long)]
     pub cache_dir: Option<PathBuf>,
+    /// How attention scores are computed in training: explicit (the weights kept for the backward
+    /// pass) or flash (recomputed blockwise: memory linear in the sequence length). The same
+    /// function either way: it does not change a cell's identity.
+    #[arg(long, default_value = "explicit")]
+    pub attention_kernel: AttentionKernel,
     /// Where run folders go (default: `<out>/runs`). Programs given the same folder train each
     /// equal cell (corpus, variant, seed, budget) once.
     #[arg(long)]
@@ -96,6 +102,7 @@ impl Budget {
         config.checkpoint_every = (self.max_steps / 4).max(1);
         config.keep_checkpoints = 1;
         config.seed = seed;
+        config.attention_kernel = self.attention_kernel;
         config
     }
 
@@ -178,7 +185,7 @@ impl SuiteOutcome {
 
 impl MultiDeviceTask for Cells<'_> {
     type Output = SuiteOutcome;
-    fn run<B: FusedLoss>(
+    fn run<B: FusedOps>(
         self,
         devices: Vec<B::Device>,
         _name: &'static str,

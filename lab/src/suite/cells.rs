@@ -6,7 +6,7 @@ use crate::lm::{
     DynamicsRow, RunConfig, RunOptions, RunSummary, TrainConfig, TrainError, differing_fields,
     read_metrics, train_on_devices,
 };
-use coupled_qk::model::FusedLoss;
+use coupled_qk::model::FusedOps;
 use std::path::{Path, PathBuf};
 
 /// A validation point of a run's curve.
@@ -124,7 +124,7 @@ impl Suite {
 
 /// Trains the cell on `devices` (data-parallel when several) unless its folder already holds a
 /// finished run (then only reads it back); an interrupted cell resumes from its last checkpoint.
-pub fn run_cell<B: FusedLoss>(
+pub fn run_cell<B: FusedOps>(
     suite: &Suite,
     variant: &str,
     config: &TrainConfig,

@@ -1,5 +1,6 @@
 use super::CoupledQkAttention;
-use crate::attention::input::validate_heads_and_dropout;
+use crate::attention::input::{validate_heads_and_dropout, validate_kernel};
+use crate::attention::kernel::AttentionKernel;
 use crate::attention::rotary::{RotaryConfig, RotaryPosition};
 use crate::coupling::CouplingNetConfig;
 use crate::dynamics::{DynamicsConfig, QkDynamics};
@@ -37,9 +38,13 @@ pub struct CoupledQkAttentionConfig {
     /// Mask future positions (decoder self-attention).
     #[config(default = false)]
     pub causal: bool,
-    /// Dropout on the attention weights, in `[0, 1)`.
+    /// Dropout on the attention weights, in `[0, 1)`; 0 with the flash kernel.
     #[config(default = 0.0)]
     pub dropout: f64,
+    /// How scores are computed under autodiff: explicit (default) or flash (memory linear in the
+    /// sequence length; see [`AttentionKernel`]).
+    #[config(default = "AttentionKernel::Explicit")]
+    pub kernel: AttentionKernel,
     /// Bias in the q/k/v/output projections.
     #[config(default = true)]
     pub bias: bool,
@@ -70,6 +75,7 @@ impl CoupledQkAttentionConfig {
     /// Checks every field; the error names the field, its value and the rule.
     pub fn validate(&self) -> Result<(), ConfigError> {
         validate_heads_and_dropout(NAME, self.d_model, self.n_heads, 1, self.dropout)?;
+        validate_kernel(NAME, self.kernel, self.dropout)?;
         if let Some(rotary) = &self.rotary {
             rotary.validate(NAME, self.d_head(), "d_head")?;
         }
@@ -117,6 +123,7 @@ impl CoupledQkAttentionConfig {
             n_heads: self.n_heads,
             d_head: self.d_head(),
             causal: self.causal,
+            kernel: self.kernel,
         })
     }
 

@@ -1,5 +1,6 @@
 use crate::attention::cache::CoupledQkCache;
 use crate::attention::input::{AttentionInput, check_input};
+use crate::attention::kernel::AttentionKernel;
 use crate::attention::rotary::{RotaryPosition, rotate};
 use crate::attention::sdpa::attend;
 use crate::dynamics::QkDynamics;
@@ -53,6 +54,8 @@ pub struct CoupledQkAttention<B: Backend> {
     pub d_head: usize,
     /// Whether future positions are masked.
     pub causal: bool,
+    /// How scores are computed under autodiff.
+    pub kernel: AttentionKernel,
 }
 
 const NAME: &str = "CoupledQkAttention";
@@ -66,12 +69,13 @@ impl<B: Backend> CoupledQkAttention<B> {
     /// - output: `[batch, seq, d_model]`
     ///
     /// # Panics
-    /// If a shape differs from the above (the message names the expected shape), or the sequence
-    /// is longer than the rotary embedding's `max_seq_len`.
+    /// If a shape differs from the above (the message names the expected shape), the sequence
+    /// is longer than the rotary embedding's `max_seq_len`, or the kernel is
+    /// [`Flash`](AttentionKernel::Flash) under an autodiff backend without the op registered.
     pub fn forward(&self, input: impl Into<AttentionInput<B>>) -> Tensor<B, 3> {
         let (x, mask) = input.into().unpack(NAME, self.d_model(), self.n_heads);
         let (q, k, v) = self.project(x, 0);
-        let context = attend(q, k, v, mask, self.causal, &self.dropout);
+        let context = attend(q, k, v, mask, self.causal, &self.dropout, self.kernel);
         self.merge_heads(context)
     }
 
@@ -98,7 +102,7 @@ impl<B: Backend> CoupledQkAttention<B> {
         }
         let (q, k, v) = self.project(x, cache.len());
         let (k, v) = cache.append(k, v);
-        let context = attend(q, k, v, None, self.causal, &self.dropout);
+        let context = attend(q, k, v, None, self.causal, &self.dropout, self.kernel);
         self.merge_heads(context)
     }
 
@@ -109,6 +113,21 @@ impl<B: Backend> CoupledQkAttention<B> {
     /// If the layer's dynamics are not coupled.
     pub fn with_integrator(mut self, integrator: Arc<dyn Integrator>) -> Self {
         self.dynamics = self.dynamics.with_integrator(integrator);
+        self
+    }
+
+    /// The same layer scoring with `kernel` under autodiff (the weights are unchanged).
+    ///
+    /// # Panics
+    /// If `kernel` is [`Flash`](AttentionKernel::Flash) and the layer has attention dropout,
+    /// which the flash kernel does not apply.
+    pub fn with_kernel(mut self, kernel: AttentionKernel) -> Self {
+        assert!(
+            kernel == AttentionKernel::Explicit || self.dropout.prob == 0.0,
+            "{NAME}::with_kernel: the flash kernel has no attention dropout; the layer's is {}",
+            self.dropout.prob
+        );
+        self.kernel = kernel;
         self
     }
 

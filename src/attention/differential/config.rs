@@ -1,5 +1,6 @@
 use super::DifferentialAttention;
-use crate::attention::input::validate_heads_and_dropout;
+use crate::attention::input::{validate_heads_and_dropout, validate_kernel};
+use crate::attention::kernel::AttentionKernel;
 use crate::attention::{RotaryConfig, RotaryPosition};
 use crate::coupling::CouplingNetConfig;
 use crate::dynamics::{DynamicsConfig, QkDynamics};
@@ -59,6 +60,10 @@ pub struct DifferentialAttentionConfig {
     /// has none).
     #[config(default = 0.0)]
     pub dropout: f64,
+    /// How scores are computed under autodiff: explicit (default) or flash (two flash
+    /// attentions, `A₁·V − λ·A₂·V`; see [`AttentionKernel`]).
+    #[config(default = "AttentionKernel::Explicit")]
+    pub kernel: AttentionKernel,
     /// Bias in the q/k/v/output projections (the reference code has none; the default matches
     /// the crate's [`CoupledQkAttention`](crate::CoupledQkAttention), so that the projections of
     /// both layers have the same parameters).
@@ -98,6 +103,7 @@ impl DifferentialAttentionConfig {
     /// Checks every field; the error names the field, its value and the rule.
     pub fn validate(&self) -> Result<(), ConfigError> {
         validate_heads_and_dropout(NAME, self.d_model, self.n_heads, 2, self.dropout)?;
+        validate_kernel(NAME, self.kernel, self.dropout)?;
         if !(self.lambda_std.is_finite() && self.lambda_std >= 0.0) {
             return Err(ConfigError::new(
                 NAME,
@@ -177,6 +183,7 @@ impl DifferentialAttentionConfig {
             d_map,
             lambda_init: self.lambda_init(),
             causal: self.causal,
+            kernel: self.kernel,
         })
     }
 

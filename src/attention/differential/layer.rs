@@ -1,7 +1,8 @@
 use crate::attention::cache::KvCache;
 use crate::attention::input::{AttentionInput, check_input};
+use crate::attention::kernel::AttentionKernel;
 use crate::attention::rotary::{RotaryPosition, rotate};
-use crate::attention::sdpa::attention_weights;
+use crate::attention::sdpa::{attend, attention_weights};
 use crate::dynamics::QkDynamics;
 use burn::module::{Module, Param};
 use burn::nn::{Dropout, Linear, RmsNorm, RotaryEncoding};
@@ -75,6 +76,8 @@ pub struct DifferentialAttention<B: Backend> {
     pub lambda_init: f64,
     /// Whether future positions are masked.
     pub causal: bool,
+    /// How scores are computed under autodiff.
+    pub kernel: AttentionKernel,
 }
 
 const NAME: &str = "DifferentialAttention";
@@ -183,18 +186,48 @@ impl<B: Backend> DifferentialAttention<B> {
         mask: Option<Tensor<B, 4, Bool>>,
     ) -> Tensor<B, 3> {
         let heads = self.n_heads;
-        let [batch, _, s_q, _] = q.dims();
+        let [batch, _, s_q, d_map] = q.dims();
         let s_k = k.dims()[2];
-        let weights =
-            attention_weights(q, k, mask, self.causal).reshape([batch, heads, 2, s_q, s_k]);
-        let [a1, a2] = [0, 1].map(|i| {
-            weights
-                .clone()
-                .narrow(2, i, 1)
-                .reshape([batch, heads, s_q, s_k])
-        });
         let lambda = self.lambda().reshape([1, 1, 1, 1]);
-        let context = self.dropout.forward(a1 - a2 * lambda).matmul(v); // [b, h, s_q, 2·d_map]
+        let context = match self.kernel {
+            AttentionKernel::Explicit => {
+                let weights =
+                    attention_weights(q, k, mask, self.causal).reshape([batch, heads, 2, s_q, s_k]);
+                let [a1, a2] = [0, 1].map(|i| {
+                    weights
+                        .clone()
+                        .narrow(2, i, 1)
+                        .reshape([batch, heads, s_q, s_k])
+                });
+                self.dropout.forward(a1 - a2 * lambda).matmul(v) // [b, h, s_q, 2·d_map]
+            }
+            // (A₁ − λ·A₂)·V = A₁·V − λ·(A₂·V): two attentions, neither keeping its weights.
+            AttentionKernel::Flash => {
+                let (q, k) = (
+                    q.reshape([batch, heads, 2, s_q, d_map]),
+                    k.reshape([batch, heads, 2, s_k, d_map]),
+                );
+                let mask = mask.map(|m| m.reshape([batch, heads, 2, s_q, s_k]));
+                let [c1, c2] = [0, 1].map(|i| {
+                    let map = |t: &Tensor<B, 5>, s| {
+                        t.clone().narrow(2, i, 1).reshape([batch, heads, s, d_map])
+                    };
+                    let mask = mask
+                        .as_ref()
+                        .map(|m| m.clone().narrow(2, i, 1).reshape([batch, heads, s_q, s_k]));
+                    attend(
+                        map(&q, s_q),
+                        map(&k, s_k),
+                        v.clone(),
+                        mask,
+                        self.causal,
+                        &self.dropout,
+                        self.kernel,
+                    )
+                });
+                c1 - c2 * lambda
+            }
+        };
         let context = self
             .norm
             .forward(context)
@@ -203,6 +236,21 @@ impl<B: Backend> DifferentialAttention<B> {
             .swap_dims(1, 2)
             .reshape([batch, s_q, self.d_model()]);
         self.output.forward(merged)
+    }
+
+    /// The same layer scoring with `kernel` under autodiff (the weights are unchanged).
+    ///
+    /// # Panics
+    /// If `kernel` is [`Flash`](AttentionKernel::Flash) and the layer has dropout, which the
+    /// flash kernel does not apply.
+    pub fn with_kernel(mut self, kernel: AttentionKernel) -> Self {
+        assert!(
+            kernel == AttentionKernel::Explicit || self.dropout.prob == 0.0,
+            "{NAME}::with_kernel: the flash kernel has no attention dropout; the layer's is {}",
+            self.dropout.prob
+        );
+        self.kernel = kernel;
+        self
     }
 
     /// `λ = exp(λ_q1·λ_k1) − exp(λ_q2·λ_k2) + λ_init`, shape `[1]`.
