@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU figures in one script, for a person with a CUDA GPU:
-#   1. the training-step benchmark: every variant at the tiny, PyTorch-comparison, one-60m-layer
-#      and whole-60m shapes (tokens/s and ratios to standard attention);
+#   1. the training-step benchmark: every variant at the tiny, PyTorch-comparison, long-context,
+#      one-60m-layer and whole-60m shapes, with explicit and flash attention (tokens/s and ratios
+#      to standard attention);
 #   2. a short run of the 60m preset per variant (validation loss, tokens/s);
 #   3. the peak device memory of each command (nvidia-smi sampled every 200 ms);
 # all gathered into OUT/gpu-bench.md.
@@ -28,7 +29,7 @@ while [ $# -gt 0 ]; do
         --out) OUT="$2"; shift ;;
         --corpus) CORPUS="$2"; shift ;;
         --steps) STEPS="$2"; shift ;;
-        -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
         *) echo "gpu_bench.sh: unknown argument \`$1\` (see --help)" >&2; exit 2 ;;
     esac
     shift
@@ -43,8 +44,8 @@ step() { MINUTES+=("$1"); WHAT+=("$2"); COMMANDS+=("$3"); }
 
 step 8 "build the programs with CUDA" \
     "cargo build --release --features cuda --example train_step_bench --example wikitext_60m"
-step 6 "training-step benchmark, every variant and shape" \
-    "$BIN/train_step_bench --backend cuda --with-60m --reps 7 --warmup 3 --out $OUT/bench-cuda.json > $OUT/bench-cuda.md"
+step 10 "training-step benchmark, every variant and shape, explicit and flash attention" \
+    "$BIN/train_step_bench --backend cuda --with-60m --attention-kernel explicit,flash --reps 7 --warmup 3 --out $OUT/bench-cuda.json > $OUT/bench-cuda.md"
 for v in "${VARIANTS[@]}"; do
     step 4 "60m preset, $v, $STEPS steps" \
         "$BIN/wikitext_60m --backend cuda --preset 60m --attention $v --corpus $CORPUS --max-steps $STEPS --warmup $((STEPS / 10 + 1)) --eval-every $STEPS --eval-windows 100 --out $OUT/60m-$v --force $EXTRA_FLAGS"

@@ -114,6 +114,17 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         eprintln!("wrote {}", path.display());
     }
     let prompt = tokenizer.encode(&args.prompt);
+    // Decoding stops when the context is full: the prompt and every new token but the last fill it.
+    let room = (model.context + 1).saturating_sub(prompt.len());
+    if args.max_new_tokens > room {
+        eprintln!(
+            "note: --max-new-tokens {}: after the {}-token prompt the model's context of {} has room \
+             for {room} more; generation stops there",
+            args.max_new_tokens,
+            prompt.len(),
+            model.context
+        );
+    }
     let sampler = SamplerConfig::new()
         .with_max_new_tokens(args.max_new_tokens)
         .with_temperature(args.temperature)

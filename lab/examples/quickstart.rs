@@ -69,7 +69,7 @@ fn run(args: Args) -> Result<(), String> {
         backend: args.backend,
         devices: args.devices,
         cache_dir: None,
-        attention_kernel: coupled_qk::AttentionKernel::Explicit,
+        attention_kernel: coupled_qk::AttentionKernel::Flash,
         runs_dir: None,
         retry_failed: false,
     };

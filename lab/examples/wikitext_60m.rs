@@ -20,6 +20,7 @@ use coupled_qk::model::{AttentionVariant, GptConfig, Preset};
 use coupled_qk_lab::backend::{BackendChoice, dispatch_devices};
 use coupled_qk_lab::data::{CorpusSource, LoadOptions, SplitOptions, TokenizerKind, load_corpus};
 use coupled_qk_lab::lm::{LossKind, RunOptions, TrainConfig, TrainingRun};
+use coupled_qk_lab::suite::variant_with_steps;
 use std::path::PathBuf;
 
 #[derive(Parser, Debug)]
@@ -28,8 +29,8 @@ struct Args {
     /// Attention variant: standard, mlp-only, euler, leapfrog, affine or diff (differential
     /// attention), and diff+ any of the others (`diff+euler`); `euler3` names a step count,
     /// `affine2` a layer count.
-    #[arg(long, default_value = "euler")]
-    attention: AttentionVariant,
+    #[arg(long, default_value = "euler", value_parser = |s: &str| s.parse::<AttentionVariant>().map(|_| s.to_string()))]
+    attention: String,
     /// Integrator steps of euler/leapfrog (the paper finds one enough); the same as a step count
     /// in the name (`--attention euler3`).
     #[arg(long)]
@@ -109,11 +110,11 @@ struct Args {
     /// The same loss either way; a resume may change it.
     #[arg(long, default_value = "fused")]
     loss: LossKind,
-    /// How attention scores are computed in training: explicit (the [batch, heads, seq, seq]
-    /// weights kept for the backward pass) or flash (recomputed blockwise, memory linear in
-    /// --seq-len; the model must have no dropout). The same function either way; a resume may
+    /// How attention scores are computed in training: flash (recomputed blockwise in the backward
+    /// pass, memory linear in --seq-len) or explicit (the [batch, heads, seq, seq] weights kept
+    /// for it). The same function either way; a resume may
     /// change it.
-    #[arg(long, default_value = "explicit")]
+    #[arg(long, default_value = "flash")]
     attention_kernel: AttentionKernel,
     /// Fraction of documents held out for validation (JSONL and text corpora).
     #[arg(long, default_value_t = 0.1)]
@@ -146,15 +147,25 @@ fn apply_flags(args: &Args, config: &mut TrainConfig) -> Result<Vec<String>, Str
     if let Some(v) = positive("--max-steps", args.max_steps)? {
         config.max_steps = v;
     }
+    let Some(per_step) = config.checked_tokens_per_step() else {
+        return Err(format!(
+            "--batch-size {} × --grad-accum {} × --seq-len {}: the tokens per step overflow a \
+             64-bit count; give smaller values",
+            config.batch_size, config.grad_accum, config.seq_len
+        ));
+    };
     if let Some(tokens) = args.tokens {
-        let per_step = config.tokens_per_step();
         if tokens < per_step {
             return Err(format!(
                 "--tokens {tokens}: fewer than one step of {per_step} tokens (batch size × \
                  grad accum × seq len); give at least {per_step}"
             ));
         }
-        config.max_steps = tokens.div_ceil(per_step) as usize;
+        config.max_steps = usize::try_from(tokens.div_ceil(per_step)).map_err(|_| {
+            format!(
+                "--tokens {tokens}: more steps of {per_step} tokens than this machine can count"
+            )
+        })?;
     }
     let steps = config.max_steps;
     let mut notes = Vec::new();
@@ -196,6 +207,13 @@ fn apply_flags(args: &Args, config: &mut TrainConfig) -> Result<Vec<String>, Str
         }
     }
     Ok(notes)
+}
+
+/// `warmup_steps` of the run in `out`, if it has a readable config.json.
+fn run_warmup(out: &std::path::Path) -> Option<usize> {
+    let text = std::fs::read_to_string(out.join("config.json")).ok()?;
+    let json: serde_json::Value = serde_json::from_str(&text).ok()?;
+    usize::try_from(json.get("warmup_steps")?.as_u64()?).ok()
 }
 
 /// The last line of a failed download: what runs with no network.
@@ -254,18 +272,18 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         Err(e) => return Err(e.into()),
     };
 
-    let model =
-        GptConfig::preset(args.preset, corpus.vocab_size).with_attention(match args.steps {
-            Some(steps) => args.attention.clone().with_steps(steps),
-            None => args.attention.clone(),
-        });
+    let model = GptConfig::preset(args.preset, corpus.vocab_size).with_attention(
+        variant_with_steps(&args.attention, args.steps)
+            .map_err(|e| format!("--attention {} --steps: {e}", args.attention))?,
+    );
     let mut config = TrainConfig::new(model);
     preset_defaults(args.preset, &mut config);
     for note in apply_flags(&args, &mut config)? {
         eprintln!("note: {note}");
     }
+    config.validate_for(&corpus)?;
 
-    let attention = &config.model.attention;
+    let attention = config.model.attention.clone();
     let out = args.out.clone().unwrap_or_else(|| {
         PathBuf::from(format!(
             "runs/{}-{}-{attention}-seed{}",
@@ -274,6 +292,19 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             args.seed
         ))
     });
+    // A resume keeps the warmup the run started with when --warmup is not given: the default
+    // derived from a new --max-steps would otherwise refuse the resume as a changed schedule.
+    if let (true, None, Some(old)) = (args.resume, args.warmup, run_warmup(&out))
+        && old != config.warmup_steps
+        && old <= config.max_steps
+    {
+        eprintln!(
+            "note: resuming with the run's {old} warmup steps (the default for {} steps would be \
+             {}; --warmup sets it)",
+            config.max_steps, config.warmup_steps
+        );
+        config.warmup_steps = old;
+    }
     eprintln!(
         "run: {} preset, {attention} attention, {} steps × {} tokens = {:.1}M tokens → {}",
         preset_name(args.preset),

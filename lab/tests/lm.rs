@@ -529,6 +529,37 @@ fn configs_are_checked_before_anything_runs() {
     }
     assert!(!dir.exists(), "no run folder for a refused run");
 
+    // Sizes whose product overflows are refused naming the fields, not wrapped to 0 tokens.
+    let mut config = tiny(10);
+    config.batch_size = 1 << 32;
+    config.grad_accum = 1 << 32;
+    let error = config.validate().unwrap_err().to_string();
+    assert!(
+        error.contains("batch_size") && error.contains("overflows"),
+        "{error}"
+    );
+    let mut config = tiny(10);
+    config.max_steps = usize::MAX / 2;
+    config.warmup_steps = 0;
+    let error = config.validate().unwrap_err().to_string();
+    assert!(
+        error.contains("max_steps") && error.contains("overflows"),
+        "{error}"
+    );
+
+    // A micro-batch with more tokens than the training stream: refused before any folder.
+    let mut config = tiny(10);
+    config.batch_size = corpus.train.len() / config.seq_len + 1;
+    let dir = out_dir("batch-beyond-the-corpus");
+    let error = train_with::<B>(&config, &corpus, &dir, &quiet(), &Default::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("batch_size") && error.contains("training tokens"),
+        "{error}"
+    );
+    assert!(!dir.exists(), "no run folder for a refused run");
+
     for edit in [
         |c: &mut TrainConfig| c.batch_size = 0,
         |c: &mut TrainConfig| c.min_lr_ratio = 2.0,

@@ -61,10 +61,10 @@ pub struct TrainConfig {
     /// `config.json` without it loads as `fused`.
     #[serde(default)]
     pub loss: LossKind,
-    /// How attention scores are computed in training: explicit (weights kept for the backward
-    /// pass, `[batch, heads, seq, seq]` per layer) or flash (recomputed blockwise, memory linear
-    /// in `seq_len`). The same function either way, so a resume may change it; a `config.json`
-    /// without it loads as `explicit`.
+    /// How attention scores are computed in training: flash (the default: recomputed blockwise
+    /// in the backward pass, memory linear in `seq_len`; no attention dropout) or explicit
+    /// (`[batch, heads, seq, seq]` weights kept per layer). The same function either way, so a
+    /// resume may change it; a `config.json` without it loads as `explicit`.
     #[serde(default)]
     pub attention_kernel: AttentionKernel,
 }
@@ -127,7 +127,7 @@ impl TrainConfig {
             seed: 0,
             init_weights: None,
             loss: LossKind::Fused,
-            attention_kernel: AttentionKernel::Explicit,
+            attention_kernel: AttentionKernel::Flash,
         }
     }
 
@@ -146,8 +146,8 @@ impl TrainConfig {
                 "attention_kernel",
                 "flash".into(),
                 format!(
-                    "has no attention dropout, and the model's dropout is {}: use the explicit \
-                     kernel or dropout 0",
+                    "has no attention dropout, and the model's dropout is {}: set \
+                     attention_kernel to explicit, or the dropout to 0",
                     self.model.dropout
                 ),
             );
@@ -175,6 +175,27 @@ impl TrainConfig {
             if value == 0 {
                 return bad(field, "0".into(), "must be at least 1".into());
             }
+        }
+        let Some(per_step) = self.checked_tokens_per_step() else {
+            return bad(
+                "batch_size",
+                self.batch_size.to_string(),
+                format!(
+                    "batch_size × grad_accum × seq_len = {} × {} × {} tokens per step overflows \
+                     a 64-bit count",
+                    self.batch_size, self.grad_accum, self.seq_len
+                ),
+            );
+        };
+        if per_step.checked_mul(self.max_steps as u64).is_none() {
+            return bad(
+                "max_steps",
+                self.max_steps.to_string(),
+                format!(
+                    "{} steps × {per_step} tokens per step overflows a 64-bit token count",
+                    self.max_steps
+                ),
+            );
         }
         if self.eval_windows == Some(0) {
             return bad(
@@ -245,12 +266,41 @@ impl TrainConfig {
             });
         }
         corpus.check_context(self.seq_len)?;
+        // Rows are drawn at random starts; a micro-batch longer than the whole training stream
+        // only repeats it, and at absurd sizes runs out of memory before the first step.
+        let train_tokens = corpus.train.len() as u64;
+        let rows_that_fit = (train_tokens / self.seq_len as u64).max(1);
+        if self.batch_size as u64 > rows_that_fit {
+            return Err(TrainError::Config {
+                field: "batch_size".into(),
+                value: self.batch_size.to_string(),
+                message: format!(
+                    "a micro-batch of {} windows of {} tokens holds more than the {train_tokens} \
+                     training tokens of `{}`: use at most {rows_that_fit} rows (and grad_accum for \
+                     more tokens per step)",
+                    self.batch_size, self.seq_len, corpus.name
+                ),
+            });
+        }
         Ok(())
     }
 
     /// Training tokens per optimiser step.
+    ///
+    /// # Panics
+    /// If the product overflows `u64` ([`validate`](Self::validate) refuses such a config).
     pub fn tokens_per_step(&self) -> u64 {
-        (self.batch_size * self.grad_accum * self.seq_len) as u64
+        self.checked_tokens_per_step()
+            .expect("batch_size × grad_accum × seq_len fits in u64 (validate checks it)")
+    }
+
+    /// `batch_size × grad_accum × seq_len`, or `None` if it overflows `u64`.
+    pub fn checked_tokens_per_step(&self) -> Option<u64> {
+        [self.batch_size, self.grad_accum, self.seq_len]
+            .into_iter()
+            .try_fold(1u64, |product, n| {
+                product.checked_mul(u64::try_from(n).ok()?)
+            })
     }
 
     /// The learning-rate schedule (indexed by 0-based step).

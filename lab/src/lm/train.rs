@@ -200,7 +200,7 @@ pub(super) fn resolve_start(
             serde_json::from_str(&text).map_err(|e| TrainError::Corrupt {
                 path: config_path.clone(),
                 message: e.to_string(),
-                hint: "restore it, or resume with allow_config_change to replace it",
+                hint: "restore it from a copy, or train into a new folder",
             })?,
         ),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && options.allow_config_change => None,

@@ -56,10 +56,10 @@ pub struct Budget {
     /// Token cache folder (default: $COUPLED_QK_CACHE or ~/.cache/coupled-qk).
     #[arg(long)]
     pub cache_dir: Option<PathBuf>,
-    /// How attention scores are computed in training: explicit (the weights kept for the backward
-    /// pass) or flash (recomputed blockwise: memory linear in the sequence length). The same
+    /// How attention scores are computed in training: flash (recomputed blockwise in the backward
+    /// pass: memory linear in the sequence length) or explicit (the weights kept for it). The same
     /// function either way: it does not change a cell's identity.
-    #[arg(long, default_value = "explicit")]
+    #[arg(long, default_value = "flash")]
     pub attention_kernel: AttentionKernel,
     /// Where run folders go (default: `<out>/runs`). Programs given the same folder train each
     /// equal cell (corpus, variant, seed, budget) once.

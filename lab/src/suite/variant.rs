@@ -1,5 +1,6 @@
 //! The variants of a suite: names parsed by [`AttentionVariant`], with integrator steps expanded.
 
+use coupled_qk::DynamicsConfig;
 use coupled_qk::model::AttentionVariant;
 
 /// Variants from names (see [`AttentionVariant`]'s `FromStr`), and for every `steps` value a
@@ -26,4 +27,58 @@ pub fn parse_variants(names: &[String], steps: &[usize]) -> Result<Vec<Attention
         }
     }
     Ok(out)
+}
+
+/// The variant `name` with `--steps`-style `steps` applied to its integrator: refused when `steps`
+/// contradicts a count in the name (`euler3` with steps 2) or the variant has no integrator steps
+/// (`standard`, `mlp-only`, `diff`, `affine…` whose count is of layers).
+pub fn variant_with_steps(name: &str, steps: Option<usize>) -> Result<AttentionVariant, String> {
+    let variant: AttentionVariant = name.parse()?;
+    let Some(steps) = steps else {
+        return Ok(variant);
+    };
+    let named_count = name.ends_with(|c: char| c.is_ascii_digit());
+    let (AttentionVariant::Coupled(dynamics) | AttentionVariant::Differential(dynamics)) = &variant;
+    match dynamics {
+        DynamicsConfig::Coupled { steps: named, .. } if named_count && *named != steps => {
+            Err(format!(
+                "`{name}` names {named} integrator steps and steps = {steps} another: give the \
+                 count once (`{}`)",
+                variant.clone().with_steps(steps)
+            ))
+        }
+        DynamicsConfig::Coupled { .. } => Ok(variant.with_steps(steps)),
+        _ => Err(format!(
+            "`{name}` has no integrator steps (euler and leapfrog have; affine counts layers in \
+             its name, e.g. `affine2`), so steps = {steps} would be ignored"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A count given twice must agree, steps on a variant without an integrator are refused, and
+    /// steps fill in a name without a count.
+    #[test]
+    fn steps_apply_only_where_they_mean_something() {
+        let ok = |name: &str, steps| variant_with_steps(name, steps).map(|v| v.to_string());
+        assert_eq!(ok("euler", Some(3)), Ok("euler3".to_string()));
+        assert_eq!(ok("euler3", Some(3)), Ok("euler3".to_string()));
+        assert_eq!(ok("euler3", None), Ok("euler3".to_string()));
+        assert_eq!(
+            ok("diff+leapfrog", Some(2)),
+            Ok("diff+leapfrog2".to_string())
+        );
+        let err = ok("euler3", Some(2)).unwrap_err();
+        assert!(
+            err.contains("names 3 integrator steps") && err.contains("euler2"),
+            "{err}"
+        );
+        for name in ["standard", "mlp-only", "diff", "affine2"] {
+            let err = ok(name, Some(3)).unwrap_err();
+            assert!(err.contains("has no integrator steps"), "{name}: {err}");
+        }
+    }
 }
