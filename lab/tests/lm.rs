@@ -982,6 +982,16 @@ fn a_config_json_edited_after_training_is_refused_naming_the_field() {
         matches!(&err, TrainError::CheckpointMismatch { changes, .. } if changes.len() == 1 && changes[0].field == "model.attention"),
         "{err}"
     );
+    // An unreadable config.json: a resume names the file and advises only what a user can do.
+    std::fs::write(dir.join("config.json"), b"{ not json").unwrap();
+    let err = train_with::<B>(&config, &corpus, &dir, &resume, &device)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("config.json") && err.contains("restore it from a copy"),
+        "{err}"
+    );
+    assert!(!err.contains("allow_config_change"), "advice no program offers: {err}");
     std::fs::write(dir.join("config.json"), &original).unwrap();
     load_trained::<Flex>(&dir, &device).unwrap();
 }
