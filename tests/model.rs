@@ -426,3 +426,27 @@ fn greedy_decoding_of_a_model_trained_on_a_repeating_pattern_continues_it() {
         .unwrap();
     assert_eq!(out, [9, 4, 2, 3, 7, 1, 9, 4, 2]);
 }
+
+/// `GptConfig::coupling_per_head` reaches every block: one coupling net per head (9 in the 60m
+/// shape's layer, 4 here), and a per-head GPT runs; differential attention refuses the option.
+#[test]
+fn a_gpt_with_per_head_coupling_has_a_net_per_head() {
+    let device = Default::default();
+    let config = GptConfig::preset(Preset::Tiny, 64);
+    let shared = config.clone().init::<B>(&device);
+    let per_head = config
+        .clone()
+        .with_coupling_per_head(true)
+        .init::<B>(&device);
+    // d_head 32: a net is 32·32·2 + 32 + 32 parameters; dt is one per layer either way.
+    let net = 32 * 32 * 2 + 32 + 32;
+    assert_eq!(shared.extra_num_params(), 4 * (net + 1));
+    assert_eq!(per_head.extra_num_params(), 4 * (4 * net + 1));
+    let logits = per_head.forward(tokens(&[1, 2, 3, 4, 5, 6], 2));
+    assert_eq!(logits.dims(), [2, 3, 64]);
+    let error = diff(config.with_coupling_per_head(true))
+        .validate()
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("coupling_per_head"), "{error}");
+}

@@ -89,6 +89,10 @@ pub struct GptConfig {
     /// The coupling net's hidden width (`None`: `d_head`).
     #[config(default = "None")]
     pub coupling_hidden: Option<usize>,
+    /// One coupling net per head instead of one shared by a layer's heads (the paper's setting;
+    /// coupled attention only).
+    #[config(default = false)]
+    pub coupling_per_head: bool,
     /// Learned positions (GPT-2) or rotary.
     #[config(default = "Positions::Learned")]
     pub positions: Positions,
@@ -154,6 +158,7 @@ impl GptConfig {
             .with_dynamics(dynamics.clone())
             .with_dt(self.dt.clone())
             .with_coupling_hidden(self.coupling_hidden)
+            .with_coupling_per_head(self.coupling_per_head)
             .with_rotary(self.rotary())
             .with_causal(true)
             .with_dropout(self.dropout)
@@ -217,6 +222,13 @@ impl GptConfig {
         }
         match &self.attention {
             AttentionVariant::Coupled(dynamics) => self.coupled_attention(dynamics).validate(),
+            AttentionVariant::Differential(_) if self.coupling_per_head => Err(ConfigError::new(
+                NAME,
+                "coupling_per_head",
+                true,
+                "is an option of coupled attention; differential attention shares one coupling \
+                 net per layer",
+            )),
             AttentionVariant::Differential(dynamics) => {
                 self.differential_attention(dynamics, 0).validate()
             }
