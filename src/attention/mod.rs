@@ -12,6 +12,7 @@ mod input;
 mod kernel;
 mod mask;
 mod probe;
+mod qk;
 mod rotary;
 mod sdpa;
 

@@ -1,7 +1,8 @@
 use crate::attention::cache::CoupledQkCache;
 use crate::attention::input::{AttentionInput, check_input};
 use crate::attention::kernel::AttentionKernel;
-use crate::attention::rotary::{RotaryPosition, rotate};
+use crate::attention::qk::evolve_and_rotate;
+use crate::attention::rotary::RotaryPosition;
 use crate::attention::sdpa::attend;
 use crate::dynamics::QkDynamics;
 use crate::integrator::Integrator;
@@ -159,29 +160,15 @@ impl<B: Backend> CoupledQkAttention<B> {
         let q = self.split_heads(self.query.forward(x.clone()));
         let k = self.split_heads(self.key.forward(x.clone()));
         let v = self.split_heads(self.value.forward(x)).swap_dims(1, 2);
-        let (q, k) = match (&self.rotary, self.rotary_position) {
-            (None, _) => {
-                let (q, k) = dynamics.forward(q, k);
-                (to_heads(q), to_heads(k))
-            }
-            (Some(rope), RotaryPosition::AfterDynamics) => {
-                let (q, k) = dynamics.forward(q, k);
-                let rotate = |x: Tensor<B, 4>| self.rotate(rope, to_heads(x), start);
-                (rotate(q), rotate(k))
-            }
-            (Some(rope), RotaryPosition::BeforeDynamics) => {
-                // RoPE needs [.., seq, d_head]; rotate head-major, evolve token-major.
-                let rotate =
-                    |x: Tensor<B, 4>| self.rotate(rope, x.swap_dims(1, 2), start).swap_dims(1, 2);
-                let (q, k) = dynamics.forward(rotate(q), rotate(k));
-                (to_heads(q), to_heads(k))
-            }
-        };
+        let (q, k) = evolve_and_rotate(
+            NAME,
+            dynamics,
+            self.rotary.as_ref(),
+            self.rotary_position,
+            (q, k),
+            start,
+        );
         (q, k, v)
-    }
-
-    fn rotate(&self, rope: &RotaryEncoding<B>, x: Tensor<B, 4>, start: usize) -> Tensor<B, 4> {
-        rotate(NAME, rope, x, start)
     }
 
     /// `[batch, seq, d_model]` → `[batch, seq, heads, d_head]` (a reshape, no copy).
@@ -198,18 +185,4 @@ impl<B: Backend> CoupledQkAttention<B> {
             .reshape([batch, seq, self.d_model()]);
         self.output.forward(merged)
     }
-}
-
-/// `[batch, seq, heads, d_head]` → `[batch, heads, seq, d_head]`, as a view.
-///
-/// The gradient that comes back through a transposition is a strided view, and the dynamics
-/// use their inputs twice (`q` in the drift and in `f`, `k` in the drift and the kick): on Flex
-/// every backward op on that view would take the strided path, several times slower than on
-/// contiguous memory. The reshape round trip costs nothing forward and makes the backward pass
-/// copy the gradient to token-major memory once, before it fans out.
-fn to_heads<B: Backend>(x: Tensor<B, 4>) -> Tensor<B, 4> {
-    let [batch, seq, heads, d_head] = x.dims();
-    x.reshape([batch, seq, heads * d_head])
-        .reshape([batch, seq, heads, d_head])
-        .swap_dims(1, 2)
 }

@@ -1,7 +1,8 @@
 use crate::attention::cache::KvCache;
 use crate::attention::input::{AttentionInput, check_input};
 use crate::attention::kernel::AttentionKernel;
-use crate::attention::rotary::{RotaryPosition, rotate};
+use crate::attention::qk::evolve_and_rotate;
+use crate::attention::rotary::RotaryPosition;
 use crate::attention::sdpa::{attend, attention_weights};
 use crate::dynamics::QkDynamics;
 use burn::module::{Module, Param};
@@ -143,27 +144,19 @@ impl<B: Backend> DifferentialAttention<B> {
     ) -> (Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>) {
         let (heads, d_map) = (self.n_heads, self.d_map);
         let [batch, seq, _] = x.dims();
-        // Token-major [batch, seq, 2·heads, d_map] for the dynamics; head-major for RoPE.
+        // Token-major [batch, seq, 2·heads, d_map] for the dynamics.
         let maps = |t: Tensor<B, 3>| t.reshape([batch, seq, 2 * heads, d_map]);
-        let rotate = |t: Tensor<B, 4>| match &self.rotary {
-            Some(rope) => rotate(NAME, rope, t, start),
-            None => t,
-        };
-        let (q, k) = (
-            maps(self.query.forward(x.clone())),
-            maps(self.key.forward(x.clone())),
+        let (q, k) = evolve_and_rotate(
+            NAME,
+            dynamics,
+            self.rotary.as_ref(),
+            self.rotary_position,
+            (
+                maps(self.query.forward(x.clone())),
+                maps(self.key.forward(x.clone())),
+            ),
+            start,
         );
-        let (q, k) = match self.rotary_position {
-            RotaryPosition::AfterDynamics => {
-                let (q, k) = dynamics.forward(q, k);
-                (rotate(q.swap_dims(1, 2)), rotate(k.swap_dims(1, 2)))
-            }
-            RotaryPosition::BeforeDynamics => {
-                let rotated = |t: Tensor<B, 4>| rotate(t.swap_dims(1, 2)).swap_dims(1, 2);
-                let (q, k) = dynamics.forward(rotated(q), rotated(k));
-                (q.swap_dims(1, 2), k.swap_dims(1, 2))
-            }
-        };
         let v = self
             .value
             .forward(x)
