@@ -36,6 +36,57 @@ impl ConfigError {
     }
 }
 
+/// A dynamics or attention-variant name that does not parse (`DynamicsConfig` and
+/// `AttentionVariant`'s `FromStr`). The messages list the names that do, from
+/// [`DynamicsConfig::NAMES`](crate::DynamicsConfig::NAMES).
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum NameError {
+    /// Not a dynamics name.
+    #[error("unknown dynamics `{0}`: expected {names} ({COUNTS})", names = crate::DynamicsConfig::NAMES.join(", "))]
+    UnknownDynamics(String),
+    /// Not an attention-variant name.
+    #[error("unknown attention variant `{0}`: expected one of {names} ({COUNTS}; diff+ any of these, e.g. diff+euler1)", names = crate::AttentionVariant::names().collect::<Vec<_>>().join(", "))]
+    UnknownVariant(String),
+    /// Dynamics after `+` on something other than differential attention.
+    #[error(
+        "unknown attention variant `{name}`: only differential attention takes dynamics after `+` \
+         (`diff+euler1`), not `{prefix}`"
+    )]
+    NotDifferential {
+        /// The whole name.
+        name: String,
+        /// What came before the `+`.
+        prefix: String,
+    },
+    /// A count on a name that takes none (`standard2`).
+    #[error("`{0}`: only euler and leapfrog take a step count (and affine a layer count)")]
+    CountNotTaken(String),
+    /// A count that is not a number (or does not fit one).
+    #[error("`{name}`: the {count} count `{digits}` is not a number")]
+    NotANumber {
+        /// The whole name.
+        name: String,
+        /// `step` or `layer`.
+        count: &'static str,
+        /// The digits.
+        digits: String,
+    },
+    /// A count of 0.
+    #[error("`{name}`: {what} needs at least one {count}")]
+    ZeroCount {
+        /// The whole name.
+        name: String,
+        /// What needs it.
+        what: &'static str,
+        /// `integrator step` or `layer`.
+        count: &'static str,
+    },
+}
+
+/// How counts are written, for the messages of [`NameError`].
+const COUNTS: &str = "euler and leapfrog with an optional step count, e.g. euler3; affine and \
+affine-uncoupled with a layer count, e.g. affine2";
+
 /// Panics with the error's message: the `init` counterpart of a `try_init`.
 pub(crate) fn or_panic<T>(result: Result<T, ConfigError>) -> T {
     result.unwrap_or_else(|err| panic!("{err}"))

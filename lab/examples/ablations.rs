@@ -66,7 +66,7 @@ fn main() {
 }
 
 fn run(args: Args) -> Result<(), String> {
-    let variants = parse_variants(&args.variants, &args.steps)?;
+    let variants = parse_variants(&args.variants, &args.steps).map_err(|e| e.to_string())?;
     let corpus = args
         .budget
         .load(&args.corpus, args.data_dir.as_ref())

@@ -70,7 +70,7 @@ fn kind(name: &str) -> &'static str {
 }
 
 fn run(args: Args) -> Result<(), String> {
-    let variants = parse_variants(&args.variants, &[])?;
+    let variants = parse_variants(&args.variants, &[]).map_err(|e| e.to_string())?;
     let requested = args.corpora.clone().unwrap_or_else(default_corpora);
     let mut corpora = Vec::new();
     for name in &requested {

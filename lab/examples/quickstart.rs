@@ -73,7 +73,8 @@ fn run(args: Args) -> Result<(), String> {
         runs_dir: None,
         retry_failed: false,
     };
-    let variants = parse_variants(&["standard".into(), "euler1".into()], &[])?;
+    let variants =
+        parse_variants(&["standard".into(), "euler1".into()], &[]).map_err(|e| e.to_string())?;
     let corpus = budget.load(&args.corpus, None).map_err(|e| e.to_string())?;
     let suite = budget.suite(&args.out);
     let mut cells = Vec::new();

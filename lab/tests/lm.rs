@@ -991,7 +991,10 @@ fn a_config_json_edited_after_training_is_refused_naming_the_field() {
         err.contains("config.json") && err.contains("restore it from a copy"),
         "{err}"
     );
-    assert!(!err.contains("allow_config_change"), "advice no program offers: {err}");
+    assert!(
+        !err.contains("allow_config_change"),
+        "advice no program offers: {err}"
+    );
     std::fs::write(dir.join("config.json"), &original).unwrap();
     load_trained::<Flex>(&dir, &device).unwrap();
 }

@@ -2,6 +2,7 @@
 //! differential attention. Both take an [`AttentionInput`], score with one scaled dot-product
 //! function (`sdpa`: explicit, or the blockwise `flash` op under autodiff) and build their masks with one mask builder (`mask`).
 
+#[cfg(feature = "autodiff")]
 mod blockwise;
 mod cache;
 mod coupled;
@@ -16,6 +17,7 @@ mod qk;
 mod rotary;
 mod sdpa;
 
+#[cfg(feature = "autodiff")]
 pub use blockwise::{BLOCK_FLOATS, default_block_rows};
 pub use cache::{CoupledQkCache, KvCache};
 pub use coupled::{CoupledQkAttention, CoupledQkAttentionConfig, QkStates};

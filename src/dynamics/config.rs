@@ -1,7 +1,7 @@
 //! [`DynamicsConfig`]: which transformation a layer applies to `q` and `k`, and the names it
 //! goes by on the command line, in reports and in saved configs.
 
-use crate::error::ConfigError;
+use crate::error::{ConfigError, NameError};
 use crate::integrator::IntegratorKind;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::fmt;
@@ -157,9 +157,9 @@ impl fmt::Display for DynamicsConfig {
 }
 
 impl FromStr for DynamicsConfig {
-    type Err = String;
+    type Err = NameError;
 
-    fn from_str(name: &str) -> Result<Self, String> {
+    fn from_str(name: &str) -> Result<Self, NameError> {
         let base = name.trim_end_matches(|c: char| c.is_ascii_digit());
         let digits = &name[base.len()..];
         // The paper calls leapfrog the "Hamiltonian" variant.
@@ -168,53 +168,41 @@ impl FromStr for DynamicsConfig {
         } else {
             base
         };
-        let integrator = INTEGRATORS.into_iter().find(|k| k.build().name() == base);
-        let integrator = match (base, integrator) {
-            (_, Some(integrator)) => integrator,
-            ("standard" | "mlp-only", None) if !digits.is_empty() => {
-                return Err(format!(
-                    "`{name}`: only euler and leapfrog take a step count (and affine a layer count)"
-                ));
+        let count = |kind: &'static str| -> Result<usize, NameError> {
+            match digits {
+                "" => Ok(1),
+                d => d.parse().map_err(|_| NameError::NotANumber {
+                    name: name.to_string(),
+                    count: kind,
+                    digits: d.to_string(),
+                }),
             }
-            (AFFINE | AFFINE_UNCOUPLED, None) => {
-                let layers = match digits {
-                    "" => 1,
-                    d => d
-                        .parse()
-                        .map_err(|_| format!("`{name}`: the layer count `{d}` is not a number"))?,
-                };
-                if layers == 0 {
-                    return Err(format!(
-                        "`{name}`: the affine coupling needs at least one layer"
-                    ));
-                }
-                return Ok(Self::Affine {
+        };
+        let zero = |what: &'static str, count: &'static str| NameError::ZeroCount {
+            name: name.to_string(),
+            what,
+            count,
+        };
+        let integrator = INTEGRATORS.into_iter().find(|k| k.build().name() == base);
+        match (base, integrator) {
+            (_, Some(integrator)) => match count("step")? {
+                0 => Err(zero("a coupled variant", "integrator step")),
+                steps => Ok(Self::Coupled { integrator, steps }),
+            },
+            ("standard" | "mlp-only", None) if !digits.is_empty() => {
+                Err(NameError::CountNotTaken(name.to_string()))
+            }
+            (AFFINE | AFFINE_UNCOUPLED, None) => match count("layer")? {
+                0 => Err(zero("the affine coupling", "layer")),
+                layers => Ok(Self::Affine {
                     layers,
                     coupled: base == AFFINE,
-                });
-            }
-            ("standard", None) => return Ok(Self::Standard),
-            ("mlp-only", None) => return Ok(Self::MlpOnly),
-            _ => {
-                return Err(format!(
-                    "unknown dynamics `{name}`: expected standard, mlp-only, euler, leapfrog, \
-                     affine or affine-uncoupled (euler and leapfrog with an optional step count, \
-                     e.g. euler3; affine with a layer count, e.g. affine2)"
-                ));
-            }
-        };
-        let steps = match digits {
-            "" => 1,
-            digits => digits
-                .parse()
-                .map_err(|_| format!("`{name}`: the step count `{digits}` is not a number"))?,
-        };
-        if steps == 0 {
-            return Err(format!(
-                "`{name}`: a coupled variant needs at least one integrator step"
-            ));
+                }),
+            },
+            ("standard", None) => Ok(Self::Standard),
+            ("mlp-only", None) => Ok(Self::MlpOnly),
+            _ => Err(NameError::UnknownDynamics(name.to_string())),
         }
-        Ok(Self::Coupled { integrator, steps })
     }
 }
 
@@ -273,11 +261,18 @@ mod tests {
     #[test]
     fn bad_names_say_what_is_expected() {
         let err = "rk4".parse::<DynamicsConfig>().unwrap_err();
+        assert_eq!(err, NameError::UnknownDynamics("rk4".into()));
+        let err = err.to_string();
         assert!(err.contains("`rk4`") && err.contains("leapfrog"), "{err}");
-        let err = "euler0".parse::<DynamicsConfig>().unwrap_err();
+        for name in DynamicsConfig::NAMES {
+            assert!(err.contains(name), "{name} missing from: {err}");
+        }
+        let err = "euler0".parse::<DynamicsConfig>().unwrap_err().to_string();
         assert!(err.contains("at least one"), "{err}");
+        let err = "affine0".parse::<DynamicsConfig>().unwrap_err().to_string();
+        assert!(err.contains("at least one layer"), "{err}");
         let err = "standard2".parse::<DynamicsConfig>().unwrap_err();
-        assert!(err.contains("only euler and leapfrog"), "{err}");
+        assert_eq!(err, NameError::CountNotTaken("standard2".into()));
         assert!(
             "euler99999999999999999999999"
                 .parse::<DynamicsConfig>()

@@ -2,6 +2,7 @@
 //! variant names.
 
 use crate::dynamics::DynamicsConfig;
+use crate::error::NameError;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::fmt;
 use std::str::FromStr;
@@ -89,33 +90,25 @@ impl fmt::Display for AttentionVariant {
 }
 
 impl FromStr for AttentionVariant {
-    type Err = String;
+    type Err = NameError;
 
-    fn from_str(name: &str) -> Result<Self, String> {
+    fn from_str(name: &str) -> Result<Self, NameError> {
         let (differential, dynamics) = match name.split_once(WITH) {
             Some((DIFFERENTIAL | "differential", dynamics)) => (true, Some(dynamics)),
-            Some((other, _)) => {
-                return Err(format!(
-                    "unknown attention variant `{name}`: only differential attention takes \
-                     dynamics after `+` (`diff+euler1`), not `{other}`"
-                ));
+            Some((prefix, _)) => {
+                return Err(NameError::NotDifferential {
+                    name: name.to_string(),
+                    prefix: prefix.to_string(),
+                });
             }
             None if matches!(name, DIFFERENTIAL | "differential") => (true, None),
             None => (false, Some(name)),
         };
         let dynamics = match dynamics {
             None => DynamicsConfig::Standard,
-            Some(other) => other.parse().map_err(|err: String| {
-                if err.starts_with("unknown") {
-                    format!(
-                        "unknown attention variant `{name}`: expected one of {} (euler and \
-                         leapfrog with an optional step count, e.g. euler3; affine with a layer \
-                         count; diff+ any of these, e.g. diff+euler1)",
-                        Self::names().collect::<Vec<_>>().join(", ")
-                    )
-                } else {
-                    err
-                }
+            Some(other) => other.parse().map_err(|err| match err {
+                NameError::UnknownDynamics(_) => NameError::UnknownVariant(name.to_string()),
+                other => other,
             })?,
         };
         Ok(match differential {
@@ -176,13 +169,19 @@ mod tests {
                 .to_string(),
             "diff"
         );
-        let err = "euler+diff".parse::<AttentionVariant>().unwrap_err();
+        let err = "euler+diff"
+            .parse::<AttentionVariant>()
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("only differential attention"), "{err}");
         let err = "diff+rk4".parse::<AttentionVariant>().unwrap_err();
-        assert!(err.contains("`diff+rk4`"), "{err}");
-        let err = "rk4".parse::<AttentionVariant>().unwrap_err();
+        assert_eq!(err, NameError::UnknownVariant("diff+rk4".into()));
+        let err = "rk4".parse::<AttentionVariant>().unwrap_err().to_string();
         assert!(err.contains("`rk4`") && err.contains("diff"), "{err}");
-        let err = "euler0".parse::<AttentionVariant>().unwrap_err();
+        let err = "euler0"
+            .parse::<AttentionVariant>()
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("at least one"), "{err}");
     }
 

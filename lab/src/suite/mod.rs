@@ -20,4 +20,4 @@ pub use spread::{SpreadTest, f_cdf, regularized_beta, spread_tests};
 pub use stats::{
     Aggregate, Paired, aggregate, first_reach, mean_std, paired, paired_to_baselines, t_975,
 };
-pub use variant::{parse_variants, variant_with_steps};
+pub use variant::{StepsError, parse_variants, variant_with_steps};
