@@ -99,7 +99,9 @@ fn run(args: Args) -> Result<(), String> {
         variants.len(),
         args.seeds.len()
     );
-    let outcome = args.budget.train(&suite, cells)?;
+    let Some(outcome) = args.budget.train(&suite, cells)? else {
+        return Ok(());
+    };
     let results = &outcome.results;
     let aggregates = aggregate(results);
     let paired_all = paired_to_baselines(results);

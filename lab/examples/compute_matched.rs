@@ -86,7 +86,9 @@ fn run(args: Args) -> Result<(), String> {
         cells.push((&corpus, coupled_label.clone(), coupled));
         cells.push((&corpus, baseline_label.clone(), long));
     }
-    let outcome = args.budget.train(&suite, cells)?;
+    let Some(outcome) = args.budget.train(&suite, cells)? else {
+        return Ok(());
+    };
     let results = &outcome.results;
     let Some(coupled_tokens) = results
         .iter()

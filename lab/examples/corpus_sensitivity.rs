@@ -114,7 +114,9 @@ fn run(args: Args) -> Result<(), String> {
         variants.len(),
         args.seeds.len()
     );
-    let outcome = args.budget.train(&suite, cells)?;
+    let Some(outcome) = args.budget.train(&suite, cells)? else {
+        return Ok(());
+    };
     let results = &outcome.results;
     let aggregates = aggregate(results);
     let baseline = &variants[0].to_string();

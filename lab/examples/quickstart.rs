@@ -72,6 +72,9 @@ fn run(args: Args) -> Result<(), String> {
         attention_kernel: coupled_qk::AttentionKernel::Flash,
         runs_dir: None,
         retry_failed: false,
+        list_cells: false,
+        cell: None,
+        report_only: false,
     };
     let variants =
         parse_variants(&["standard".into(), "euler1".into()], &[]).map_err(|e| e.to_string())?;
@@ -101,7 +104,9 @@ fn run(args: Args) -> Result<(), String> {
         args.seeds,
         command_line("quickstart")
     );
-    let outcome = budget.train(&suite, cells)?;
+    let Some(outcome) = budget.train(&suite, cells)? else {
+        return Ok(());
+    };
     let results = &outcome.results;
     let paired = paired_to_baselines(results);
     let md = format!(

@@ -160,6 +160,7 @@ fn a_failing_cell_is_recorded_the_others_run_and_a_retry_trains_it_again() {
         runs: dir.join("runs"),
         quiet: true,
         retry_failed,
+        selection: Default::default(),
     };
     let run = |suite: &Suite, bad_lr: f64| {
         Cells {
@@ -329,4 +330,117 @@ fn seed_spreads_are_compared_by_the_f_test_over_the_shared_seeds() {
     // F(1, 1) has CDF (2/π)·atan(√x): at 4, p = 2·(1 − (2/π)·atan 2).
     let expected = 2.0 * (1.0 - 2.0 / std::f64::consts::PI * 2f64.atan());
     assert!((t.p.unwrap() - expected).abs() < 1e-9, "{:?}", t.p);
+}
+
+/// The two cells of [`cells_per_process_merge_into_one_report`], on the small corpus in `dir`.
+/// The corpus is `root`'s, the run folders go to `root/runs`.
+fn two_cells_suite(
+    root: &std::path::Path,
+    runs: &str,
+    selection: coupled_qk_lab::suite::Selection,
+) -> coupled_qk_lab::suite::SuiteOutcome {
+    use burn::backend::{Autodiff, Flex};
+    use coupled_qk::model::GptConfig;
+    use coupled_qk_lab::backend::MultiDeviceTask;
+    use coupled_qk_lab::lm::TrainConfig;
+    use coupled_qk_lab::suite::{Cells, Suite};
+    let corpus = small_corpus(root);
+    let config = |variant: &str| {
+        let model = GptConfig::new(256, 16, 1, 2, 32).with_attention(variant.parse().unwrap());
+        let mut c = TrainConfig::new(model);
+        c.seq_len = 32;
+        c.batch_size = 2;
+        c.max_steps = 3;
+        c.warmup_steps = 1;
+        c.eval_every = 3;
+        c.eval_windows = Some(2);
+        c
+    };
+    let suite = Suite {
+        runs: root.join(runs),
+        quiet: true,
+        retry_failed: false,
+        selection,
+    };
+    Cells {
+        suite: &suite,
+        cells: vec![
+            (&corpus, "standard".to_string(), config("standard")),
+            (&corpus, "euler1".to_string(), config("euler1")),
+        ],
+    }
+    .run::<Autodiff<Flex>>(vec![Default::default()], "flex", false)
+}
+
+const CELL_DIR: &str = "COUPLED_QK_TEST_CELL_DIR";
+const CELL_INDEX: &str = "COUPLED_QK_TEST_CELL_INDEX";
+
+/// Not a test of its own: one cell per process, as an array job's task runs it.
+#[test]
+#[ignore = "run by cells_per_process_merge_into_one_report"]
+fn child_trains_one_cell() {
+    let (Some(dir), Some(index)) = (std::env::var_os(CELL_DIR), std::env::var(CELL_INDEX).ok())
+    else {
+        return;
+    };
+    let selection = coupled_qk_lab::suite::Selection::One(index.parse().unwrap());
+    let outcome = two_cells_suite(std::path::Path::new(&dir), "split", selection);
+    assert_eq!(outcome.results.len(), 1);
+}
+
+/// A suite trained one cell per process (two child processes), then reported by a third pass
+/// that trains nothing, gives the results one process training both gives: the same cells, the
+/// same losses to the bit. Before the processes ran, the report-only pass lists both as not
+/// trained.
+#[test]
+fn cells_per_process_merge_into_one_report() {
+    use coupled_qk_lab::suite::{Selection, paired_table, seed_table};
+    let root = std::env::temp_dir().join(format!("coupled-qk-suite-array-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(&root).unwrap();
+    let early = two_cells_suite(&root, "split", Selection::ReportOnly);
+    assert!(early.results.is_empty());
+    assert_eq!(early.failed.len(), 2);
+    assert!(
+        early.failed[1].error.contains("not trained yet (cell 1"),
+        "{}",
+        early.failed[1].error
+    );
+
+    for index in ["1", "0"] {
+        let status = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "child_trains_one_cell",
+                "--ignored",
+                "--test-threads=1",
+            ])
+            .env(CELL_DIR, &root)
+            .env(CELL_INDEX, index)
+            .stdout(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success(), "cell {index}'s process failed");
+    }
+    let merged = two_cells_suite(&root, "split", Selection::ReportOnly);
+    let single = two_cells_suite(&root, "whole", Selection::All);
+    assert!(merged.failed.is_empty(), "{:?}", merged.failed);
+    let key = |o: &coupled_qk_lab::suite::SuiteOutcome| -> Vec<(String, u64, u64, u64)> {
+        o.results
+            .iter()
+            .map(|r| (r.variant.clone(), r.seed, r.val_loss.to_bits(), r.tokens))
+            .collect()
+    };
+    assert_eq!(key(&merged), key(&single));
+    let paired = |o: &coupled_qk_lab::suite::SuiteOutcome| {
+        paired_table(&coupled_qk_lab::suite::paired_to_baselines(&o.results))
+    };
+    assert!(paired(&single).contains("euler1"), "{}", paired(&single));
+    assert_eq!(paired(&merged), paired(&single));
+    // The per-seed table differs only in the wall times the two trainings took.
+    assert_eq!(
+        seed_table(&merged.results).lines().count(),
+        seed_table(&single.results).lines().count()
+    );
+    std::fs::remove_dir_all(root).unwrap();
 }

@@ -1,7 +1,7 @@
 //! The model and training budget every suite program shares, as command-line flags. The defaults
 //! are a CPU-scale cell: the `tiny` preset with the byte tokenizer, about 10 minutes on 2 cores.
 
-use super::{CellResult, FailedCell, Suite, run_cell};
+use super::{CellResult, CellState, FailedCell, Selection, Suite, cell_state, run_cell};
 use crate::backend::{BackendChoice, MultiDeviceTask};
 use crate::data::{
     CorpusSource, DataError, LoadOptions, SplitOptions, TokenizedCorpus, TokenizerKind, load_corpus,
@@ -68,6 +68,17 @@ pub struct Budget {
     /// Train the cells that failed before again, from scratch (their folders are deleted).
     #[arg(long)]
     pub retry_failed: bool,
+    /// List the cells (index, corpus, variant, seed, state, folder) and stop.
+    #[arg(long)]
+    pub list_cells: bool,
+    /// Train only cell N of the list (0-based) and stop without a report: one cell per process,
+    /// e.g. `--cell $SLURM_ARRAY_TASK_ID` in an array job over a shared --runs-dir.
+    #[arg(long, value_name = "N", conflicts_with = "list_cells")]
+    pub cell: Option<usize>,
+    /// Train nothing: write the report from the cells finished so far (in --runs-dir); the
+    /// others are listed as not trained.
+    #[arg(long, conflicts_with_all = ["list_cells", "cell"])]
+    pub report_only: bool,
 }
 
 impl Budget {
@@ -77,6 +88,12 @@ impl Budget {
             runs: self.runs_dir.clone().unwrap_or_else(|| out.join("runs")),
             quiet: false,
             retry_failed: self.retry_failed,
+            selection: match (self.list_cells, self.cell, self.report_only) {
+                (true, _, _) => Selection::List,
+                (_, Some(n), _) => Selection::One(n),
+                (_, _, true) => Selection::ReportOnly,
+                _ => Selection::All,
+            },
         }
     }
 
@@ -106,20 +123,40 @@ impl Budget {
         config
     }
 
-    /// Trains (or reads back) `cells` under `suite` on this budget's backend and devices.
+    /// Trains (or reads back) `cells` under `suite` on this budget's backend and devices, as
+    /// `suite.selection` says: the outcome to report, or `None` when there is nothing to report
+    /// (the cells were listed, or one cell trained).
     ///
     /// # Errors
-    /// When the backend cannot run (no such device, or not compiled in).
+    /// When the backend cannot run (no such device, or not compiled in), or the selected cell
+    /// is not in the list.
     pub fn train(
         &self,
         suite: &Suite,
         cells: Vec<(&TokenizedCorpus, String, TrainConfig)>,
-    ) -> Result<SuiteOutcome, String> {
-        crate::backend::dispatch_devices(
+    ) -> Result<Option<SuiteOutcome>, String> {
+        if let Selection::One(n) = suite.selection
+            && n >= cells.len()
+        {
+            return Err(format!(
+                "cell {n}: the suite has {} cells, numbered 0 to {}",
+                cells.len(),
+                cells.len().saturating_sub(1)
+            ));
+        }
+        let outcome = crate::backend::dispatch_devices(
             self.backend,
             usize::from(self.devices),
             Cells { suite, cells },
-        )
+        )?;
+        Ok(match suite.selection {
+            Selection::All | Selection::ReportOnly => Some(outcome),
+            Selection::One(_) | Selection::List => {
+                // One cell's failure is still the process's failure (its exit status).
+                outcome.check()?;
+                None
+            }
+        })
     }
 
     /// Loads a corpus (`--corpus` syntax of the data pipeline) with this budget's tokenizer.
@@ -193,7 +230,38 @@ impl MultiDeviceTask for Cells<'_> {
     ) -> Self::Output {
         let total = self.cells.len();
         let mut outcome = SuiteOutcome::default();
+        let selection = self.suite.selection;
+        if selection == Selection::List {
+            for (i, (corpus, label, config)) in self.cells.iter().enumerate() {
+                let dir = self.suite.cell_dir(&corpus.name, label, config.seed);
+                let state = cell_state(&dir, config, corpus);
+                println!(
+                    "{i}\t{}\t{label}\tseed {}\t{state}\t{}",
+                    corpus.name,
+                    config.seed,
+                    dir.display()
+                );
+            }
+            return outcome;
+        }
         for (i, (corpus, label, config)) in self.cells.into_iter().enumerate() {
+            if matches!(selection, Selection::One(n) if n != i) {
+                continue;
+            }
+            if selection == Selection::ReportOnly {
+                let dir = self.suite.cell_dir(&corpus.name, &label, config.seed);
+                let state = cell_state(&dir, &config, corpus);
+                if state != CellState::Finished {
+                    outcome.failed.push(FailedCell {
+                        corpus: corpus.name.clone(),
+                        variant: label,
+                        seed: config.seed,
+                        error: format!("not trained yet (cell {i} of the list: {state})"),
+                        dir,
+                    });
+                    continue;
+                }
+            }
             eprintln!(
                 "[{}/{total}] {} · {} · seed {}",
                 i + 1,

@@ -110,6 +110,61 @@ pub struct Suite {
     /// Train cells that failed before again, from scratch (their folders are deleted first);
     /// otherwise they are reported as failed without training.
     pub retry_failed: bool,
+    /// Which cells this process trains.
+    pub selection: Selection,
+}
+
+/// Which of a suite's cells a process trains: all of them, or one per process so that a
+/// scheduler's array job (Slurm `--array`, a Kubernetes indexed job) trains them on many machines
+/// at once, then one process that reports what they wrote into the shared runs folder.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Selection {
+    /// Every cell (those that finished before are read back, not trained). Default.
+    #[default]
+    All,
+    /// Only cell `n` of the list (0-based, in the suite's order); nothing is reported.
+    One(usize),
+    /// None: the finished cells are read back and reported, the others listed as not trained.
+    ReportOnly,
+    /// None: the cells are listed with their index, state and folder.
+    List,
+}
+
+/// Where a cell stands in its folder.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CellState {
+    /// Finished with this config: read back, not trained again.
+    Finished,
+    /// A failure is recorded (see [`Suite::retry_failed`]).
+    Failed,
+    /// Begun and not finished: training resumes from its last checkpoint.
+    Started,
+    /// Nothing yet.
+    ToTrain,
+}
+
+impl std::fmt::Display for CellState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Finished => "finished",
+            Self::Failed => "failed",
+            Self::Started => "started",
+            Self::ToTrain => "to train",
+        })
+    }
+}
+
+/// The state of the cell whose folder is `dir`, for `config` on `corpus`.
+pub fn cell_state(dir: &Path, config: &TrainConfig, corpus: &TokenizedCorpus) -> CellState {
+    if FailedCell::recorded(dir).is_some() {
+        CellState::Failed
+    } else if finished_summary(dir).is_some() && same_config(dir, config, corpus) {
+        CellState::Finished
+    } else if dir.join("config.json").exists() {
+        CellState::Started
+    } else {
+        CellState::ToTrain
+    }
 }
 
 impl Suite {

@@ -10,7 +10,9 @@ mod stats;
 mod variant;
 
 pub use budget::{Budget, Cells, SuiteOutcome};
-pub use cells::{CellResult, CurvePoint, FailedCell, Suite, run_cell};
+pub use cells::{
+    CellResult, CellState, CurvePoint, FailedCell, Selection, Suite, cell_state, run_cell,
+};
 pub use plot::write_curves_plot;
 pub use report::{
     PAPER_60M, ablation_table, change_pct, command_line, dynamics_table, paired_table, seed_table,
