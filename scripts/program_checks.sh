@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The programs against hostile but fair input: each case runs `wikitext_60m` or `generate` and
+# checks its exit status, a pattern of its message and, for a refused run, that no run folder was
+# written. Built with the test build's features and profile (as scripts/wgpu_smoke.sh), so that
+# after `cargo test --features wgpu,ndarray` little is compiled. CI runs it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+FEATURES="${FEATURES:-wgpu,ndarray}"
+OUT="$(mktemp -d)"
+trap 'rm -rf "$OUT"' EXIT
+
+cargo build --features "$FEATURES" --example wikitext_60m --example generate
+BIN="${CARGO_TARGET_DIR:-target}/debug/examples"
+W=("$BIN/wikitext_60m" --backend flex --preset tiny --tokenizer bytes --corpus shakespeare
+    --eval-every 2 --eval-windows 2 --cache-dir "$OUT/cache")
+
+fail() { echo "program_checks: $*" >&2; exit 1; }
+# `refused NAME PATTERN ARGS...`: wikitext_60m ARGS --out OUT/NAME fails, says PATTERN (an extended
+# regular expression) and leaves no OUT/NAME.
+refused() {
+    local name="$1" pattern="$2"
+    shift 2
+    if "${W[@]}" "$@" --out "$OUT/$name" > "$OUT/$name.log" 2>&1; then
+        fail "$name: accepted: ${*}"
+    fi
+    grep -Eq "$pattern" "$OUT/$name.log" || fail "$name: no /$pattern/ in:"$'\n'"$(cat "$OUT/$name.log")"
+    [ ! -e "$OUT/$name" ] || fail "$name: a refused run wrote $OUT/$name"
+    echo "program_checks: $name: refused as expected"
+}
+
+refused overflow-batch 'overflow a 64-bit count' \
+    --max-steps 2 --batch-size 4294967296 --grad-accum 4294967296
+refused overflow-batch-alone 'overflow a 64-bit count' --batch-size 18446744073709551615
+refused overflow-tokens 'overflows a 64-bit token count' \
+    --tokens 18446744073709551615 --stop-at 1
+refused batch-beyond-corpus 'holds more than the [0-9]+ training tokens' \
+    --batch-size 100000000 --max-steps 2
+refused steps-conflict 'names 3 integrator steps' --attention euler3 --steps 2 --max-steps 2
+refused steps-ignored 'has no integrator steps' --attention standard --steps 3 --max-steps 2
+
+# A resume with a new --max-steps keeps the run's derived warmup instead of refusing the resume.
+SMALL=(--seq-len 64 --batch-size 4 --checkpoint-every 2 --out "$OUT/x")
+"${W[@]}" "${SMALL[@]}" --max-steps 6 --stop-at 4 > "$OUT/x-first.log" 2>&1 \
+    || fail "the first 4 steps failed:"$'\n'"$(cat "$OUT/x-first.log")"
+"${W[@]}" "${SMALL[@]}" --max-steps 8 --resume > "$OUT/x-resume.log" 2>&1 \
+    || fail "the resume with --max-steps 8 failed:"$'\n'"$(cat "$OUT/x-resume.log")"
+grep -q "resuming with the run's 3 warmup steps" "$OUT/x-resume.log" \
+    || fail "the resume did not say it keeps the warmup:"$'\n'"$(cat "$OUT/x-resume.log")"
+grep -Eq '"val_step": *8' "$OUT/x/summary.json" || fail "the resumed run did not reach step 8"
+echo "program_checks: a resume with a new --max-steps keeps the run's warmup"
+
+# More tokens asked for than the context holds: a note, then generation to the context's end.
+"$BIN/generate" --run "$OUT/x" --prompt "ROMEO:" --max-new-tokens 1000 --temperature 0 \
+    --no-compare > "$OUT/gen.out" 2> "$OUT/gen.log" || fail "generate failed:"$'\n'"$(cat "$OUT/gen.log")"
+grep -q 'note: --max-new-tokens 1000: .* room for 251 more' "$OUT/gen.log" \
+    || fail "generate did not note the context cap:"$'\n'"$(cat "$OUT/gen.log")"
+grep -q '^251 tokens in' "$OUT/gen.log" || fail "generate did not stop at the context's end"
+echo "program_checks: generate notes and honours the context cap"
