@@ -15,7 +15,7 @@
 
 use clap::Parser;
 use coupled_qk_lab::suite::{
-    Budget, ablation_table, aggregate, command_line, dynamics_table, paired_table,
+    Budget, SuiteError, ablation_table, aggregate, command_line, dynamics_table, paired_table,
     paired_to_baselines, parse_variants, seed_table, spread_table, spread_tests, write_report,
 };
 use std::path::PathBuf;
@@ -61,12 +61,15 @@ standard,euler --steps 1 --seeds 0 --max-steps 500 --devices 2";
 fn main() {
     if let Err(e) = run(Args::parse()) {
         eprintln!("error: {e}");
+        if let Some(advice) = e.downcast_ref::<SuiteError>().and_then(SuiteError::advice) {
+            eprintln!("{advice}");
+        }
         std::process::exit(1);
     }
 }
 
-fn run(args: Args) -> Result<(), String> {
-    let variants = parse_variants(&args.variants, &args.steps).map_err(|e| e.to_string())?;
+fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
+    let variants = parse_variants(&args.variants, &args.steps)?;
     let corpus = args
         .budget
         .load(&args.corpus, args.data_dir.as_ref())
@@ -131,5 +134,5 @@ fn run(args: Args) -> Result<(), String> {
         &outcome,
         serde_json::json!({ "corpus": corpus.name, "paired": paired_all, "spreads": spreads }),
     )?;
-    outcome.check()
+    Ok(outcome.check()?)
 }

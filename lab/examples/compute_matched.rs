@@ -11,7 +11,9 @@
 
 use clap::Parser;
 use coupled_qk::model::AttentionVariant;
-use coupled_qk_lab::suite::{Budget, command_line, first_reach, seed_table, write_report};
+use coupled_qk_lab::suite::{
+    Budget, SuiteError, command_line, first_reach, seed_table, write_report,
+};
 use std::fmt::Write;
 use std::path::PathBuf;
 
@@ -53,11 +55,14 @@ the harness:\n  cargo run --release --example compute_matched -- --corpus shakes
 fn main() {
     if let Err(e) = run(Args::parse()) {
         eprintln!("error: {e}");
+        if let Some(advice) = e.downcast_ref::<SuiteError>().and_then(SuiteError::advice) {
+            eprintln!("{advice}");
+        }
         std::process::exit(1);
     }
 }
 
-fn run(args: Args) -> Result<(), String> {
+fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     if args.factor < 1 {
         return Err("--factor must be at least 1".into());
     }
@@ -155,5 +160,5 @@ fn run(args: Args) -> Result<(), String> {
     );
     md.push_str(&format!("\n## Per run\n\n{}", seed_table(results)));
     write_report(&args.out, &md, &outcome, serde_json::Value::Array(rows))?;
-    outcome.check()
+    Ok(outcome.check()?)
 }

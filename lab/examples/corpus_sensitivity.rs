@@ -13,8 +13,8 @@
 
 use clap::Parser;
 use coupled_qk_lab::suite::{
-    Budget, aggregate, change_pct, command_line, paired, paired_table, parse_variants, seed_table,
-    write_report,
+    Budget, SuiteError, aggregate, change_pct, command_line, paired, paired_table, parse_variants,
+    seed_table, write_report,
 };
 use std::fmt::Write;
 use std::path::PathBuf;
@@ -51,6 +51,9 @@ const PAPER: [(&str, &str, f64); 3] = [
 fn main() {
     if let Err(e) = run(Args::parse()) {
         eprintln!("error: {e}");
+        if let Some(advice) = e.downcast_ref::<SuiteError>().and_then(SuiteError::advice) {
+            eprintln!("{advice}");
+        }
         std::process::exit(1);
     }
 }
@@ -69,15 +72,15 @@ fn kind(name: &str) -> &'static str {
     }
 }
 
-fn run(args: Args) -> Result<(), String> {
-    let variants = parse_variants(&args.variants, &[]).map_err(|e| e.to_string())?;
+fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
+    let variants = parse_variants(&args.variants, &[])?;
     let requested = args.corpora.clone().unwrap_or_else(default_corpora);
     let mut corpora = Vec::new();
     for name in &requested {
         match args.budget.load(name, None) {
             Ok(corpus) => corpora.push(corpus),
             Err(e) if args.corpora.is_none() => eprintln!("note: skipping {name}: {e}"),
-            Err(e) => return Err(e.to_string()),
+            Err(e) => return Err(e.into()),
         }
     }
     if corpora.is_empty() {
@@ -168,5 +171,5 @@ fn run(args: Args) -> Result<(), String> {
     ));
     md.push_str(&format!("\n## Per seed\n\n{}", seed_table(results)));
     write_report(&args.out, &md, &outcome, serde_json::Value::Array(summary))?;
-    outcome.check()
+    Ok(outcome.check()?)
 }

@@ -200,7 +200,11 @@ fn run(
         args.backend,
         usize::from(args.devices),
         Execute { sweep, out },
-    )?
+    )
+    .map_err(|e| match e.advice() {
+        Some(advice) => format!("{e}\n{advice}"),
+        None => e.to_string(),
+    })?
 }
 
 /// The sweep as work for any backend.

@@ -17,7 +17,7 @@ use coupled_qk::model::Preset;
 use coupled_qk_lab::backend::BackendChoice;
 use coupled_qk_lab::data::TokenizerKind;
 use coupled_qk_lab::suite::{
-    Budget, ablation_table, aggregate, command_line, paired_table, paired_to_baselines,
+    Budget, SuiteError, ablation_table, aggregate, command_line, paired_table, paired_to_baselines,
     parse_variants, seed_table, write_report,
 };
 use std::path::PathBuf;
@@ -50,11 +50,14 @@ struct Args {
 fn main() {
     if let Err(e) = run(Args::parse()) {
         eprintln!("error: {e}");
+        if let Some(advice) = e.downcast_ref::<SuiteError>().and_then(SuiteError::advice) {
+            eprintln!("{advice}");
+        }
         std::process::exit(1);
     }
 }
 
-fn run(args: Args) -> Result<(), String> {
+fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let budget = Budget {
         preset: Preset::Tiny,
         tokenizer: TokenizerKind::Bytes,
@@ -76,8 +79,7 @@ fn run(args: Args) -> Result<(), String> {
         cell: None,
         report_only: false,
     };
-    let variants =
-        parse_variants(&["standard".into(), "euler1".into()], &[]).map_err(|e| e.to_string())?;
+    let variants = parse_variants(&["standard".into(), "euler1".into()], &[])?;
     let corpus = budget.load(&args.corpus, None).map_err(|e| e.to_string())?;
     let suite = budget.suite(&args.out);
     let mut cells = Vec::new();

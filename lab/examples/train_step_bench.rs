@@ -485,6 +485,9 @@ fn main() {
         Ok(result) => result,
         Err(e) => {
             eprintln!("error: {e}");
+            if let Some(advice) = e.advice() {
+                eprintln!("{advice}");
+            }
             std::process::exit(1);
         }
     };

@@ -225,6 +225,10 @@ fn main() {
     let args = Args::parse();
     if let Err(e) = run(args) {
         eprintln!("error: {e}");
+        let backend = e.downcast_ref::<coupled_qk_lab::backend::BackendError>();
+        if let Some(advice) = backend.and_then(|e| e.advice()) {
+            eprintln!("{advice}");
+        }
         std::process::exit(1);
     }
 }

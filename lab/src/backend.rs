@@ -24,17 +24,66 @@ pub enum BackendChoice {
 }
 
 impl FromStr for BackendChoice {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = BackendError;
+    fn from_str(s: &str) -> Result<Self, BackendError> {
         match s {
             "auto" => Ok(Self::Auto),
             "flex" | "cpu" => Ok(Self::Flex),
             "ndarray" => Ok(Self::NdArray),
             "wgpu" => Ok(Self::Wgpu),
             "cuda" => Ok(Self::Cuda),
-            other => Err(format!(
-                "unknown backend `{other}`: expected auto, flex, ndarray, wgpu or cuda"
-            )),
+            other => Err(BackendError::Unknown(other.to_string())),
+        }
+    }
+}
+
+/// Why a backend cannot run; [`advice`](Self::advice) says which flag of the programs changes it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BackendError {
+    /// Not a backend name.
+    #[error("unknown backend `{0}`: expected auto, flex, ndarray, wgpu or cuda")]
+    Unknown(String),
+    /// No device asked for.
+    #[error("at least one device is needed")]
+    NoDevices,
+    /// The backend is not in this build.
+    #[error("this build has no {backend} backend: rebuild with the cargo feature `{feature}`")]
+    NotCompiled {
+        /// The backend's name.
+        backend: &'static str,
+        /// The feature that compiles it.
+        feature: &'static str,
+    },
+    /// No CUDA device answers at all.
+    #[error("no CUDA device answers: check the driver (nvidia-smi)")]
+    NoCuda,
+    /// WGPU has no adapter.
+    #[error("{0}")]
+    NoWgpuAdapter(String),
+    /// One of several devices does not answer.
+    #[error("{backend} device {index} of the {count} asked for does not answer ({hint})")]
+    DeviceMissing {
+        /// The backend's name.
+        backend: &'static str,
+        /// The device that does not answer.
+        index: usize,
+        /// How many were asked for.
+        count: usize,
+        /// What to check.
+        hint: &'static str,
+    },
+}
+
+impl BackendError {
+    /// What to change, in terms of the programs' `--backend` and `--devices` flags.
+    pub fn advice(&self) -> Option<&'static str> {
+        match self {
+            Self::Unknown(_) => None,
+            Self::NoDevices => Some("give --devices 1 or more"),
+            Self::NotCompiled { .. } | Self::NoCuda | Self::NoWgpuAdapter(_) => {
+                Some("or use --backend flex (the CPU)")
+            }
+            Self::DeviceMissing { .. } => Some("lower --devices"),
         }
     }
 }
@@ -67,9 +116,9 @@ pub fn dispatch_devices<T: MultiDeviceTask>(
     choice: BackendChoice,
     count: usize,
     task: T,
-) -> Result<T::Output, String> {
+) -> Result<T::Output, BackendError> {
     if count == 0 {
-        return Err("--devices must be at least 1".into());
+        return Err(BackendError::NoDevices);
     }
     let chosen = match choice {
         BackendChoice::Auto if cuda_works() => BackendChoice::Cuda,
@@ -107,7 +156,7 @@ fn cpu_workers(count: usize) -> String {
 }
 
 #[cfg(feature = "ndarray")]
-fn run_ndarray<T: MultiDeviceTask>(task: T, count: usize) -> Result<T::Output, String> {
+fn run_ndarray<T: MultiDeviceTask>(task: T, count: usize) -> Result<T::Output, BackendError> {
     eprintln!("backend: NdArray (CPU, {})", cpu_workers(count));
     Ok(task.run::<burn::backend::Autodiff<burn::backend::NdArray>>(
         vec![Default::default(); count],
@@ -117,11 +166,11 @@ fn run_ndarray<T: MultiDeviceTask>(task: T, count: usize) -> Result<T::Output, S
 }
 
 #[cfg(not(feature = "ndarray"))]
-fn run_ndarray<T: MultiDeviceTask>(_task: T, _count: usize) -> Result<T::Output, String> {
-    Err(
-        "this build has no NdArray backend: rebuild with `--features ndarray`, or use --backend flex"
-            .into(),
-    )
+fn run_ndarray<T: MultiDeviceTask>(_task: T, _count: usize) -> Result<T::Output, BackendError> {
+    Err(BackendError::NotCompiled {
+        backend: "NdArray",
+        feature: "ndarray",
+    })
 }
 
 #[cfg(feature = "cuda")]
@@ -164,20 +213,19 @@ fn answers<B: burn::tensor::backend::Backend>(device: &B::Device) -> bool {
 }
 
 #[cfg(feature = "cuda")]
-fn run_cuda<T: MultiDeviceTask>(task: T, count: usize) -> Result<T::Output, String> {
+fn run_cuda<T: MultiDeviceTask>(task: T, count: usize) -> Result<T::Output, BackendError> {
     use burn::backend::cuda::CudaDevice;
     if !cuda_works() {
-        return Err(
-            "no CUDA device answers: check the driver (nvidia-smi), or use --backend flex".into(),
-        );
+        return Err(BackendError::NoCuda);
     }
     let devices: Vec<CudaDevice> = (0..count).map(CudaDevice::new).collect();
     if let Some(missing) = devices.iter().find(|d| !answers::<burn::backend::Cuda>(d)) {
-        return Err(format!(
-            "--devices {count}: CUDA device {} does not answer (check nvidia-smi, and \
-             CUDA_VISIBLE_DEVICES); lower --devices",
-            missing.index
-        ));
+        return Err(BackendError::DeviceMissing {
+            backend: "CUDA",
+            index: missing.index,
+            count,
+            hint: "check nvidia-smi and CUDA_VISIBLE_DEVICES",
+        });
     }
     if count == 1 {
         eprintln!("backend: CUDA (device 0)");
@@ -188,15 +236,15 @@ fn run_cuda<T: MultiDeviceTask>(task: T, count: usize) -> Result<T::Output, Stri
 }
 
 #[cfg(not(feature = "cuda"))]
-fn run_cuda<T: MultiDeviceTask>(_task: T, _count: usize) -> Result<T::Output, String> {
-    Err(
-        "this build has no CUDA backend: rebuild with `--features cuda`, or use --backend flex"
-            .into(),
-    )
+fn run_cuda<T: MultiDeviceTask>(_task: T, _count: usize) -> Result<T::Output, BackendError> {
+    Err(BackendError::NotCompiled {
+        backend: "CUDA",
+        feature: "cuda",
+    })
 }
 
 #[cfg(feature = "wgpu")]
-fn run_wgpu<T: MultiDeviceTask>(task: T, count: usize) -> Result<T::Output, String> {
+fn run_wgpu<T: MultiDeviceTask>(task: T, count: usize) -> Result<T::Output, BackendError> {
     use burn::backend::wgpu::WgpuDevice;
     if count == 1 {
         match wgpu_default_adapter() {
@@ -206,7 +254,7 @@ fn run_wgpu<T: MultiDeviceTask>(task: T, count: usize) -> Result<T::Output, Stri
                 adapter.description
             ),
             Ok(adapter) => eprintln!("backend: WGPU on {}", adapter.description),
-            Err(why) => return Err(format!("--backend wgpu: {why}")),
+            Err(why) => return Err(BackendError::NoWgpuAdapter(why)),
         }
         return Ok(task.run::<burn::backend::Autodiff<burn::backend::Wgpu>>(
             vec![WgpuDevice::default()],
@@ -219,10 +267,12 @@ fn run_wgpu<T: MultiDeviceTask>(task: T, count: usize) -> Result<T::Output, Stri
         .iter()
         .position(|d| !answers::<burn::backend::Wgpu>(d))
     {
-        return Err(format!(
-            "--devices {count}: WGPU finds no discrete GPU {missing} (several devices are discrete GPUs \
-             0..{count}); lower --devices"
-        ));
+        return Err(BackendError::DeviceMissing {
+            backend: "WGPU discrete GPU",
+            index: missing,
+            count,
+            hint: "several devices are WGPU's discrete GPUs 0..count",
+        });
     }
     eprintln!("backend: WGPU (discrete GPUs 0..{count}, data-parallel; GPU 0 is the main one)");
     Ok(task.run::<burn::backend::Autodiff<burn::backend::Wgpu>>(devices, "wgpu", true))
@@ -292,9 +342,9 @@ fn wgpu_on_a_gpu() -> bool {
 }
 
 #[cfg(not(feature = "wgpu"))]
-fn run_wgpu<T: MultiDeviceTask>(_task: T, _count: usize) -> Result<T::Output, String> {
-    Err(
-        "this build has no WGPU backend: rebuild with `--features wgpu`, or use --backend flex"
-            .into(),
-    )
+fn run_wgpu<T: MultiDeviceTask>(_task: T, _count: usize) -> Result<T::Output, BackendError> {
+    Err(BackendError::NotCompiled {
+        backend: "WGPU",
+        feature: "wgpu",
+    })
 }

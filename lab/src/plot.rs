@@ -34,15 +34,28 @@ pub struct Chart {
     pub legend_lower_left: bool,
 }
 
+/// A chart that could not be drawn or written.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("cannot draw {}: {message}", path.display())]
+pub struct PlotError {
+    /// The file.
+    pub path: std::path::PathBuf,
+    /// The cause.
+    pub message: String,
+}
+
 /// Draws `charts` side by side, each `panel` pixels, and writes the SVG to `path` atomically.
 ///
 /// A chart without finite points is drawn with empty axes (a run that diverged at once still
 /// gets its plot).
 ///
 /// # Errors
-/// When drawing or writing fails; the message names `path`.
-pub fn write_charts(path: &Path, charts: &[Chart], panel: (u32, u32)) -> Result<(), String> {
-    let err = |e: &dyn std::fmt::Display| format!("cannot draw {}: {e}", path.display());
+/// When drawing or writing fails; the error names `path`.
+pub fn write_charts(path: &Path, charts: &[Chart], panel: (u32, u32)) -> Result<(), PlotError> {
+    let err = |e: &dyn std::fmt::Display| PlotError {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    };
     let finite = |c: &Chart| -> Vec<Vec<(f64, f64)>> {
         c.lines
             .iter()
@@ -136,7 +149,7 @@ pub fn write_charts(path: &Path, charts: &[Chart], panel: (u32, u32)) -> Result<
         }
         root.present().map_err(|e| err(&e))?;
     }
-    atomic::write(path, svg.as_bytes()).map_err(|e| format!("cannot write {}: {e}", path.display()))
+    atomic::write(path, svg.as_bytes()).map_err(|e| err(&e))
 }
 
 #[cfg(test)]

@@ -184,9 +184,11 @@ fn a_failing_cell_is_recorded_the_others_run_and_a_retry_trains_it_again() {
     assert_eq!(FailedCell::recorded(&failed.dir).as_ref(), Some(failed));
     let err = first.check().unwrap_err();
     assert!(
-        err.contains("diverges") && err.contains("--retry-failed"),
+        matches!(&err, coupled_qk_lab::suite::SuiteError::Failed(cells) if cells.len() == 1),
         "{err}"
     );
+    assert!(err.to_string().contains("diverges"), "{err}");
+    assert!(err.advice().unwrap().contains("--retry-failed"), "{err}");
 
     // Rerun: the failed cell is reported again without training (even with a good config now).
     let second = run(&suite(false), 1e-3);

@@ -3,7 +3,7 @@
 //! [`Gpt::dynamics_stats`](coupled_qk::model::Gpt::dynamics_stats)).
 
 use super::TrainError;
-use crate::plot::{Chart, Line, write_charts};
+use crate::plot::{Chart, Line, PlotError, write_charts};
 use coupled_qk::DynamicsStats;
 use std::path::{Path, PathBuf};
 
@@ -148,7 +148,11 @@ impl DynamicsLog {
 
 /// `dynamics.svg`: the mean `dt`, the relative changes of queries and keys, and the change of
 /// the attention entropy against standard attention, against step; one line per layer.
-pub fn write_dynamics_plot(rows: &[DynamicsRow], title: &str, path: &Path) -> Result<(), String> {
+pub fn write_dynamics_plot(
+    rows: &[DynamicsRow],
+    title: &str,
+    path: &Path,
+) -> Result<(), PlotError> {
     let mut layers: Vec<usize> = rows.iter().map(|r| r.layer).collect();
     layers.sort_unstable();
     layers.dedup();

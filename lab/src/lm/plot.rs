@@ -28,8 +28,8 @@ pub fn write_loss_plot(rows: &[MetricsRow], title: &str, path: &Path) -> Result<
         ],
         ..Chart::default()
     };
-    write_charts(path, &[chart], (720, 420)).map_err(|message| TrainError::Plot {
-        path: path.to_path_buf(),
-        message,
+    write_charts(path, &[chart], (720, 420)).map_err(|e| TrainError::Plot {
+        path: e.path,
+        message: e.message,
     })
 }

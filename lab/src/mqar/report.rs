@@ -2,7 +2,7 @@
 
 use super::sweep::{RunResult, SweepResults};
 use crate::atomic;
-use crate::plot::{Chart, Line, write_charts};
+use crate::plot::{Chart, Line, PlotError, write_charts};
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -130,7 +130,7 @@ pub fn write_markdown(results: &SweepResults, path: &Path, header: &str) -> std:
 
 /// `accuracy.svg`: mean (over seeds) best accuracy per task (easy to hard) for each variant, one
 /// panel per width.
-pub fn write_plot(results: &SweepResults, path: &Path) -> Result<(), String> {
+pub fn write_plot(results: &SweepResults, path: &Path) -> Result<(), PlotError> {
     let s = &results.sweep;
     let names = variant_names(results);
     let ticks: Vec<String> = s

@@ -2,7 +2,7 @@
 //! are a CPU-scale cell: the `tiny` preset with the byte tokenizer, about 10 minutes on 2 cores.
 
 use super::{CellResult, CellState, FailedCell, Selection, Suite, cell_state, run_cell};
-use crate::backend::{BackendChoice, MultiDeviceTask};
+use crate::backend::{BackendChoice, BackendError, MultiDeviceTask};
 use crate::data::{
     CorpusSource, DataError, LoadOptions, SplitOptions, TokenizedCorpus, TokenizerKind, load_corpus,
 };
@@ -134,15 +134,14 @@ impl Budget {
         &self,
         suite: &Suite,
         cells: Vec<(&TokenizedCorpus, String, TrainConfig)>,
-    ) -> Result<Option<SuiteOutcome>, String> {
+    ) -> Result<Option<SuiteOutcome>, SuiteError> {
         if let Selection::One(n) = suite.selection
             && n >= cells.len()
         {
-            return Err(format!(
-                "cell {n}: the suite has {} cells, numbered 0 to {}",
-                cells.len(),
-                cells.len().saturating_sub(1)
-            ));
+            return Err(SuiteError::NoSuchCell {
+                cell: n,
+                cells: cells.len(),
+            });
         }
         let outcome = crate::backend::dispatch_devices(
             self.backend,
@@ -195,29 +194,60 @@ pub struct SuiteOutcome {
 }
 
 impl SuiteOutcome {
-    /// `Err` naming every failed cell and how to retry them, `Ok` when none failed: a program's
-    /// last word, after its report is written.
-    pub fn check(&self) -> Result<(), String> {
-        if self.failed.is_empty() {
-            return Ok(());
+    /// `Err` naming every failed cell, `Ok` when none failed: a program's last word, after its
+    /// report is written.
+    pub fn check(&self) -> Result<(), SuiteError> {
+        match self.failed.is_empty() {
+            true => Ok(()),
+            false => Err(SuiteError::Failed(self.failed.clone())),
         }
-        let list: Vec<String> = self
-            .failed
-            .iter()
-            .map(|f| {
-                format!(
-                    "{} · {} · seed {} ({})",
-                    f.corpus, f.variant, f.seed, f.error
-                )
-            })
-            .collect();
-        Err(format!(
-            "{} cell(s) failed: {}; the report lists them. Fix the cause (for a divergence, a \
-             lower --lr), then rerun with --retry-failed to train them again from scratch",
-            list.len(),
-            list.join("; ")
-        ))
     }
+}
+
+/// Why a suite did not give a full outcome.
+#[derive(Debug, thiserror::Error)]
+pub enum SuiteError {
+    /// The backend cannot run.
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    /// The selected cell is not in the list.
+    #[error("cell {cell}: the suite has {cells} cells, numbered from 0")]
+    NoSuchCell {
+        /// The cell asked for.
+        cell: usize,
+        /// How many there are.
+        cells: usize,
+    },
+    /// Cells failed (diverged now or before, or could not be trained or read back).
+    #[error("{} cell(s) failed: {}; the report lists them", .0.len(), failed_list(.0))]
+    Failed(Vec<FailedCell>),
+}
+
+impl SuiteError {
+    /// What to do about it, in terms of the suite programs' flags.
+    pub fn advice(&self) -> Option<&'static str> {
+        match self {
+            Self::Failed(_) => Some(
+                "fix the cause (for a divergence, a lower --lr), then rerun with --retry-failed \
+                 to train them again from scratch",
+            ),
+            Self::NoSuchCell { .. } => Some("--list-cells lists them"),
+            Self::Backend(e) => e.advice(),
+        }
+    }
+}
+
+fn failed_list(failed: &[FailedCell]) -> String {
+    failed
+        .iter()
+        .map(|f| {
+            format!(
+                "{} · {} · seed {} ({})",
+                f.corpus, f.variant, f.seed, f.error
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 impl MultiDeviceTask for Cells<'_> {

@@ -9,14 +9,14 @@ mod spread;
 mod stats;
 mod variant;
 
-pub use budget::{Budget, Cells, SuiteOutcome};
+pub use budget::{Budget, Cells, SuiteError, SuiteOutcome};
 pub use cells::{
     CellResult, CellState, CurvePoint, FailedCell, Selection, Suite, cell_state, run_cell,
 };
 pub use plot::write_curves_plot;
 pub use report::{
-    PAPER_60M, ablation_table, change_pct, command_line, dynamics_table, paired_table, seed_table,
-    spread_table, write_markdown, write_report,
+    PAPER_60M, ReportError, ablation_table, change_pct, command_line, dynamics_table, paired_table,
+    seed_table, spread_table, write_markdown, write_report,
 };
 pub use spread::{SpreadTest, f_cdf, regularized_beta, spread_tests};
 pub use stats::{

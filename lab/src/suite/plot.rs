@@ -1,12 +1,16 @@
 //! An overlay of validation curves: one line per variant (mean over seeds at each evaluation).
 
 use super::CellResult;
-use crate::plot::{Chart, Line, write_charts};
+use crate::plot::{Chart, Line, PlotError, write_charts};
 use std::path::Path;
 
 /// Draws validation loss against training tokens (millions) for each variant of `results` (in
 /// order of first appearance), averaging seeds at equal steps, and writes the SVG atomically.
-pub fn write_curves_plot(results: &[CellResult], title: &str, path: &Path) -> Result<(), String> {
+pub fn write_curves_plot(
+    results: &[CellResult],
+    title: &str,
+    path: &Path,
+) -> Result<(), PlotError> {
     let mut variants: Vec<&str> = Vec::new();
     for r in results {
         if !variants.contains(&r.variant.as_str()) {

@@ -3,6 +3,7 @@
 use super::{Aggregate, CellResult, mean_std};
 use crate::atomic;
 use crate::lm::DynamicsRow;
+use crate::plot::PlotError;
 use std::fmt::Write;
 use std::path::Path;
 
@@ -164,10 +165,33 @@ pub fn seed_table(results: &[CellResult]) -> String {
     md
 }
 
+/// A report that could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    /// A file or folder could not be written.
+    #[error("cannot write {}: {source}", path.display())]
+    Write {
+        /// The file or folder.
+        path: std::path::PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A plot could not be drawn.
+    #[error(transparent)]
+    Plot(#[from] PlotError),
+}
+
+fn write_error(path: &Path) -> impl FnOnce(std::io::Error) -> ReportError + '_ {
+    move |source| ReportError::Write {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
 /// Writes a Markdown file atomically.
-pub fn write_markdown(path: &Path, text: &str) -> Result<(), String> {
-    atomic::write(path, text.as_bytes())
-        .map_err(|e| format!("cannot write {}: {e}", path.display()))
+pub fn write_markdown(path: &Path, text: &str) -> Result<(), ReportError> {
+    atomic::write(path, text.as_bytes()).map_err(write_error(path))
 }
 
 /// Writes a suite's outputs into `out` and prints its Markdown: `results.md` (`markdown`),
@@ -180,7 +204,7 @@ pub fn write_report(
     markdown: &str,
     outcome: &super::SuiteOutcome,
     summary: serde_json::Value,
-) -> Result<(), String> {
+) -> Result<(), ReportError> {
     let results = &outcome.results;
     let mut markdown = markdown.to_string();
     if !outcome.failed.is_empty() {
@@ -196,7 +220,7 @@ pub fn write_report(
             ));
         }
     }
-    std::fs::create_dir_all(out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
+    std::fs::create_dir_all(out).map_err(write_error(out))?;
     write_markdown(&out.join("results.md"), &markdown)?;
     let json = serde_json::json!({
         "cells": results,
@@ -204,9 +228,9 @@ pub fn write_report(
         "failed": outcome.failed,
         "summary": summary,
     });
-    let text = serde_json::to_string_pretty(&json).map_err(|e| e.to_string())?;
-    atomic::write(&out.join("results.json"), text.as_bytes())
-        .map_err(|e| format!("cannot write results.json in {}: {e}", out.display()))?;
+    let text = serde_json::to_string_pretty(&json).expect("a JSON value serialises");
+    let path = out.join("results.json");
+    atomic::write(&path, text.as_bytes()).map_err(write_error(&path))?;
     let mut corpora: Vec<&str> = Vec::new();
     for r in results {
         if !corpora.contains(&r.corpus.as_str()) {
