@@ -21,8 +21,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 
 static INNER: MiMalloc = MiMalloc;
 
-/// The allocator of every program that includes `common` (examples and the harness's tests).
-#[global_allocator]
+/// The allocator of every program that links the harness (examples and tests), installed as the
+/// global allocator with the feature `global-allocator` (on by default). Without it, its counts
+/// stay at zero.
+#[cfg_attr(feature = "global-allocator", global_allocator)]
 pub static ALLOC: PeakAlloc = PeakAlloc::new();
 
 pub struct PeakAlloc {
