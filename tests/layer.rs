@@ -397,3 +397,25 @@ fn decoding_past_the_rotary_table_says_so() {
     layer.forward_cache(random([1, 60, 16], 0), &mut cache);
     layer.forward_cache(random([1, 5, 16], 1), &mut cache);
 }
+
+/// The flash kernel applies no attention dropout: a config asking for both is refused naming the
+/// field, and so is switching a built layer with dropout to it.
+#[test]
+fn the_flash_kernel_refuses_attention_dropout() {
+    use coupled_qk::AttentionKernel;
+    let config = CoupledQkAttentionConfig::new(64, 4)
+        .with_dropout(0.1)
+        .with_kernel(AttentionKernel::Flash);
+    let err = config.validate().unwrap_err();
+    assert_eq!(err.field, "dropout", "{err}");
+    let layer = config
+        .with_kernel(AttentionKernel::Explicit)
+        .init::<B>(&Default::default());
+    let switched = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        layer.with_kernel(AttentionKernel::Flash)
+    }));
+    assert!(
+        switched.is_err(),
+        "a layer with dropout switched to the flash kernel"
+    );
+}

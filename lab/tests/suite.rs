@@ -105,6 +105,18 @@ fn first_reach_interpolates_between_evaluations() {
 }
 
 /// A small coherent text corpus through the real pipeline, in a fresh folder.
+/// Three steps of 2 × 32 tokens of `model`, evaluated once on two windows.
+fn three_steps(model: coupled_qk::model::GptConfig) -> coupled_qk_lab::lm::TrainConfig {
+    let mut c = coupled_qk_lab::lm::TrainConfig::new(model);
+    c.seq_len = 32;
+    c.batch_size = 2;
+    c.max_steps = 3;
+    c.warmup_steps = 1;
+    c.eval_every = 3;
+    c.eval_windows = Some(2);
+    c
+}
+
 fn small_corpus(dir: &std::path::Path) -> coupled_qk_lab::data::TokenizedCorpus {
     use coupled_qk_lab::data::{
         CorpusSource, LoadOptions, SplitOptions, TokenCache, TokenizerKind, load_corpus,
@@ -137,7 +149,6 @@ fn a_failing_cell_is_recorded_the_others_run_and_a_retry_trains_it_again() {
     use burn::backend::{Autodiff, Flex};
     use coupled_qk::model::GptConfig;
     use coupled_qk_lab::backend::MultiDeviceTask;
-    use coupled_qk_lab::lm::TrainConfig;
     use coupled_qk_lab::suite::{Cells, FailedCell, Suite};
     type B = Autodiff<Flex>;
 
@@ -146,13 +157,7 @@ fn a_failing_cell_is_recorded_the_others_run_and_a_retry_trains_it_again() {
     std::fs::create_dir_all(&dir).unwrap();
     let corpus = small_corpus(&dir);
     let config = |lr: f64| {
-        let mut c = TrainConfig::new(GptConfig::new(256, 16, 1, 2, 32));
-        c.seq_len = 32;
-        c.batch_size = 2;
-        c.max_steps = 3;
-        c.warmup_steps = 1;
-        c.eval_every = 3;
-        c.eval_windows = Some(2);
+        let mut c = three_steps(GptConfig::new(256, 16, 1, 2, 32));
         c.lr = lr;
         c
     };
@@ -344,19 +349,10 @@ fn two_cells_suite(
     use burn::backend::{Autodiff, Flex};
     use coupled_qk::model::GptConfig;
     use coupled_qk_lab::backend::MultiDeviceTask;
-    use coupled_qk_lab::lm::TrainConfig;
     use coupled_qk_lab::suite::{Cells, Suite};
     let corpus = small_corpus(root);
     let config = |variant: &str| {
-        let model = GptConfig::new(256, 16, 1, 2, 32).with_attention(variant.parse().unwrap());
-        let mut c = TrainConfig::new(model);
-        c.seq_len = 32;
-        c.batch_size = 2;
-        c.max_steps = 3;
-        c.warmup_steps = 1;
-        c.eval_every = 3;
-        c.eval_windows = Some(2);
-        c
+        three_steps(GptConfig::new(256, 16, 1, 2, 32).with_attention(variant.parse().unwrap()))
     };
     let suite = Suite {
         runs: root.join(runs),
@@ -390,10 +386,9 @@ fn child_trains_one_cell() {
     assert_eq!(outcome.results.len(), 1);
 }
 
-/// A suite trained one cell per process (two child processes), then reported by a third pass
-/// that trains nothing, gives the results one process training both gives: the same cells, the
-/// same losses to the bit. Before the processes ran, the report-only pass lists both as not
-/// trained.
+/// A suite whose cells are trained one per process (two child processes) and then merged by a
+/// report-only run gives what one process training both gives: the same cells, the same losses
+/// to the bit. Before the cells are trained, a report-only run lists both as not trained.
 #[test]
 fn cells_per_process_merge_into_one_report() {
     use coupled_qk_lab::suite::{Selection, paired_table, seed_table};

@@ -1,10 +1,12 @@
 use crate::attention::cache::CoupledQkCache;
+use crate::attention::input::validate_kernel;
 use crate::attention::input::{AttentionInput, check_input};
 use crate::attention::kernel::AttentionKernel;
 use crate::attention::qk::evolve_and_rotate;
 use crate::attention::rotary::RotaryPosition;
 use crate::attention::sdpa::attend;
 use crate::dynamics::QkDynamics;
+use crate::error::or_panic;
 use crate::integrator::Integrator;
 use burn::module::Module;
 use burn::nn::{Dropout, Linear, RotaryEncoding};
@@ -123,11 +125,7 @@ impl<B: Backend> CoupledQkAttention<B> {
     /// If `kernel` is [`Flash`](AttentionKernel::Flash) and the layer has attention dropout,
     /// which the flash kernel does not apply.
     pub fn with_kernel(mut self, kernel: AttentionKernel) -> Self {
-        assert!(
-            kernel == AttentionKernel::Explicit || self.dropout.prob == 0.0,
-            "{NAME}::with_kernel: the flash kernel has no attention dropout; the layer's is {}",
-            self.dropout.prob
-        );
+        or_panic(validate_kernel(NAME, kernel, self.dropout.prob));
         self.kernel = kernel;
         self
     }

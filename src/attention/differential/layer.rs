@@ -1,10 +1,12 @@
 use crate::attention::cache::KvCache;
+use crate::attention::input::validate_kernel;
 use crate::attention::input::{AttentionInput, check_input};
 use crate::attention::kernel::AttentionKernel;
 use crate::attention::qk::evolve_and_rotate;
 use crate::attention::rotary::RotaryPosition;
 use crate::attention::sdpa::{attend, attention_weights};
 use crate::dynamics::QkDynamics;
+use crate::error::or_panic;
 use burn::module::{Module, Param};
 use burn::nn::{Dropout, Linear, RmsNorm, RotaryEncoding};
 use burn::tensor::{Bool, Tensor, backend::Backend};
@@ -237,11 +239,7 @@ impl<B: Backend> DifferentialAttention<B> {
     /// If `kernel` is [`Flash`](AttentionKernel::Flash) and the layer has dropout, which the
     /// flash kernel does not apply.
     pub fn with_kernel(mut self, kernel: AttentionKernel) -> Self {
-        assert!(
-            kernel == AttentionKernel::Explicit || self.dropout.prob == 0.0,
-            "{NAME}::with_kernel: the flash kernel has no attention dropout; the layer's is {}",
-            self.dropout.prob
-        );
+        or_panic(validate_kernel(NAME, kernel, self.dropout.prob));
         self.kernel = kernel;
         self
     }
