@@ -10,6 +10,8 @@
 //!   evaluation, checkpoints, metrics, data-parallel gradients and loss plots.
 //! - [`suite`]: suites of training runs over variants and seeds (ablations, corpus sensitivity,
 //!   compute-matched), their statistics and reports.
+//! - [`dist`]: data-parallel training across processes and machines (MPI with the feature
+//!   `mpi`).
 //! - [`mqar`]: multi-query associative recall (Zoology's synthetic benchmark).
 //! - [`backend`]: the backend a program runs on (`--backend flex|ndarray|wgpu|cuda`).
 //! - [`pretrained`]: GPT-2 checkpoints from a folder or the Hub, and the config they fit.
@@ -20,6 +22,7 @@ pub mod alloc;
 pub mod atomic;
 pub mod backend;
 pub mod data;
+pub mod dist;
 pub mod lm;
 pub mod mqar;
 pub mod plot;

@@ -13,8 +13,11 @@ use coupled_qk_lab::lm::{
     RunOptions, TrainConfig, TrainError, batch_gradients, differing_fields, list_checkpoints,
     read_metrics, train, train_on_devices, train_with,
 };
+mod support;
+
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard};
+use support::corpus::corpus;
 use std::time::Instant;
 
 type B = Autodiff<Flex>;
@@ -27,67 +30,6 @@ fn serial() -> MutexGuard<'static, ()> {
     SERIAL
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// About 12 KB of repetitive English, split 90/10 into train and validation, as bytes.
-fn corpus() -> TokenizedCorpus {
-    let subjects = [
-        "The cat",
-        "A dog",
-        "The old man",
-        "My sister",
-        "The small bird",
-        "Our teacher",
-    ];
-    let verbs = ["sees", "likes", "finds", "follows", "watches", "remembers"];
-    let objects = [
-        "the red ball",
-        "a quiet river",
-        "the green hill",
-        "an open door",
-        "the long road",
-    ];
-    let endings = [
-        "in the morning.",
-        "at night.",
-        "after the rain.",
-        "every day.",
-        "near the house.",
-    ];
-    let mut text = String::new();
-    let mut state = 12345u64;
-    let mut pick = |n: usize| {
-        state = state
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (state >> 33) as usize % n
-    };
-    while text.len() < 12_000 {
-        text.push_str(&format!(
-            "{} {} {} {} ",
-            subjects[pick(subjects.len())],
-            verbs[pick(verbs.len())],
-            objects[pick(objects.len())],
-            endings[pick(endings.len())]
-        ));
-        if pick(4) == 0 {
-            text.push('\n');
-        }
-    }
-    let bytes: Vec<u32> = text.bytes().map(u32::from).collect();
-    let split = bytes.len() * 9 / 10;
-    let byte_lens = Arc::new(vec![1u32; 256]);
-    let stream = |ids: &[u32]| TokenStream {
-        ids: TokenIds::from_u32(ids.to_vec(), 256),
-        byte_lens: byte_lens.clone(),
-    };
-    TokenizedCorpus {
-        name: "test-english".into(),
-        tokenizer: "bytes".into(),
-        vocab_size: 256,
-        train: stream(&bytes[..split]),
-        valid: stream(&bytes[split..]),
-    }
 }
 
 /// The `tiny` architecture with a 64-token window and 8 rows.

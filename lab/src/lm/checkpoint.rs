@@ -185,15 +185,7 @@ where
             _ => {}
         }
     }
-    let record_error = |file: &str, e: burn::record::RecorderError| TrainError::Corrupt {
-        path: dir.join(file),
-        message: format!("cannot encode: {e}"),
-        hint: "this is a bug; please report it",
-    };
-    let model_bytes = Recorder::<B>::record(&recorder(), model.clone().into_record(), ())
-        .map_err(|e| record_error(MODEL, e))?;
-    let optimizer_bytes = Recorder::<B>::record(&recorder(), optimizer.to_record(), ())
-        .map_err(|e| record_error(OPTIMIZER, e))?;
+    let (model_bytes, optimizer_bytes) = encode_records(model, optimizer, &dir)?;
     let state_json = serde_json::to_vec_pretty(state).expect("a CheckpointState always serialises");
     let files: [(&str, &[u8]); 3] = [
         (MODEL, &model_bytes),
@@ -206,6 +198,49 @@ where
     }
     write_manifest(&dir, &files)?;
     Ok(dir)
+}
+
+/// The records of `model` and `optimizer` as the bytes of a checkpoint's `model.mpk` and
+/// `optimizer.mpk` (`dir` names the checkpoint in errors).
+pub(super) fn encode_records<B, O>(
+    model: &Gpt<B>,
+    optimizer: &O,
+    dir: &Path,
+) -> Result<(Vec<u8>, Vec<u8>), TrainError>
+where
+    B: AutodiffBackend,
+    O: Optimizer<Gpt<B>, B>,
+{
+    let record_error = |file: &str, e: burn::record::RecorderError| TrainError::Corrupt {
+        path: dir.join(file),
+        message: format!("cannot encode: {e}"),
+        hint: "this is a bug; please report it",
+    };
+    let model_bytes = Recorder::<B>::record(&recorder(), model.clone().into_record(), ())
+        .map_err(|e| record_error(MODEL, e))?;
+    let optimizer_bytes = Recorder::<B>::record(&recorder(), optimizer.to_record(), ())
+        .map_err(|e| record_error(OPTIMIZER, e))?;
+    Ok((model_bytes, optimizer_bytes))
+}
+
+/// `model` and `optimizer` with the records of [`encode_records`]'s bytes (weights, parameter
+/// ids, moments); `origin` names where the bytes came from in errors.
+pub(super) fn decode_records<B, O>(
+    model: Gpt<B>,
+    optimizer: O,
+    model_bytes: Vec<u8>,
+    optimizer_bytes: Vec<u8>,
+    origin: &Path,
+    device: &B::Device,
+) -> Result<(Gpt<B>, O), TrainError>
+where
+    B: AutodiffBackend,
+    O: Optimizer<Gpt<B>, B>,
+{
+    let model_record = decode::<B, _>(model_bytes, origin, MODEL, device)?;
+    let optimizer_record = decode::<B, _>(optimizer_bytes, origin, OPTIMIZER, device)?;
+    let model = fit_record(model, model_record, &origin.join(MODEL))?;
+    Ok((model, optimizer.load_record(optimizer_record)))
 }
 
 /// Loads the checkpoint in `dir` into `model` and `optimizer` (freshly built with the same
@@ -231,10 +266,9 @@ where
     let model_bytes = folder.read(MODEL)?;
     let optimizer_bytes = folder.read(OPTIMIZER)?;
     folder.check_rest()?;
-    let model_record = decode::<B, _>(model_bytes, dir, MODEL, device)?;
-    let optimizer_record = decode::<B, _>(optimizer_bytes, dir, OPTIMIZER, device)?;
-    let model = fit_record(model, model_record, &dir.join(MODEL))?;
-    Ok((model, optimizer.load_record(optimizer_record), state))
+    let (model, optimizer) =
+        decode_records(model, optimizer, model_bytes, optimizer_bytes, dir, device)?;
+    Ok((model, optimizer, state))
 }
 
 /// Loads the newest of `checkpoints` (oldest first) whose files all match their manifest,

@@ -7,6 +7,12 @@ use std::path::PathBuf;
 /// An error of the training harness.
 #[derive(Debug, thiserror::Error)]
 pub enum TrainError {
+    /// The ranks of a data-parallel group disagree, or another rank failed.
+    #[error("{0}")]
+    Group(String),
+    /// A collective operation between the ranks did not complete.
+    #[error("the ranks could not exchange their state: {0}")]
+    Collective(#[from] crate::dist::CollectiveError),
     /// A setting that cannot work.
     #[error("invalid training config: {field} = {value}: {message}")]
     Config {

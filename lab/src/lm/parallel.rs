@@ -159,18 +159,22 @@ where
     Ok((values, sum.grads()))
 }
 
-/// `batch`'s rows in `parts` consecutive equal shards (`rows` divisible by `parts`). Their
-/// `target_bytes` is 0: the training loss does not use it.
+/// `batch`'s rows in `parts` consecutive equal shards (`rows` divisible by `parts`).
 fn split_rows(batch: &TokenBatch, parts: usize) -> Vec<TokenBatch> {
+    (0..parts).map(|k| share_of_rows(batch, k, parts)).collect()
+}
+
+/// Share `part` of `parts` consecutive equal shares of `batch`'s rows (`rows` divisible by
+/// `parts`): what one device, or one rank, computes. Its `target_bytes` is 0: the training loss
+/// does not use it.
+pub fn share_of_rows(batch: &TokenBatch, part: usize, parts: usize) -> TokenBatch {
     let rows = batch.rows / parts;
     let len = rows * batch.seq_len;
-    (0..parts)
-        .map(|k| TokenBatch {
-            inputs: batch.inputs[k * len..(k + 1) * len].to_vec(),
-            targets: batch.targets[k * len..(k + 1) * len].to_vec(),
-            rows,
-            seq_len: batch.seq_len,
-            target_bytes: 0,
-        })
-        .collect()
+    TokenBatch {
+        inputs: batch.inputs[part * len..(part + 1) * len].to_vec(),
+        targets: batch.targets[part * len..(part + 1) * len].to_vec(),
+        rows,
+        seq_len: batch.seq_len,
+        target_bytes: 0,
+    }
 }

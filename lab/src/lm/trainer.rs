@@ -5,9 +5,14 @@
 //! `(seed, s)` (see [`TrainWindows`]); the backend's random generator is reseeded from
 //! `(seed, s)` at the start of every step, so dropout (if any) does not depend on what ran before;
 //! and a checkpoint holds the weights, the parameter ids and AdamW's moments at full precision.
+//!
+//! In a group of several ranks ([`ProcessGroup`]), every rank runs a trainer: rank 0 prepares the
+//! run as one process would and broadcasts its state (weights, parameter ids, moments, step); each
+//! rank takes its share of every micro-batch's rows; the gradients are averaged over the ranks
+//! once per step ([`all_reduce_gradients`]); only rank 0 evaluates and writes the run folder.
 
 use super::checkpoint::{
-    CheckpointState, all_checkpoint_dirs, is_complete, load_newest_good, newest_good_checkpoint,
+    CheckpointState, checkpoint_dir, decode_records, encode_records, load_newest_good, newest_good_checkpoint,
     prune_checkpoints, save_checkpoint,
 };
 use super::clip::clip_global_norm;
@@ -17,17 +22,19 @@ use super::eval::{batch_nats, batch_tensors, evaluate};
 use super::metrics::{MetricsLog, MetricsRow, read_metrics_until};
 use super::parallel::batch_gradients;
 use super::plot::write_loss_plot;
-use super::train::{RunOptions, RunSummary, progress_bar, resolve_start, step_seed};
-use super::{TrainConfig, TrainError, Validation};
+use super::parallel::share_of_rows;
+use super::run_folder::{Start, open_run_folder};
+use super::{RunOptions, RunSummary, TrainConfig, TrainError, Validation};
 use crate::atomic;
 use crate::data::{TokenBatch, TokenizedCorpus, TrainWindows, eval_batches};
+use crate::dist::{ProcessGroup, SingleProcess, all_reduce_gradients, weights_digest};
 use crate::schedule::WarmupCosine;
 use burn::module::{AutodiffModule, Module};
 use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::{AdamW, AdamWConfig, GradientsAccumulator, Optimizer};
 use burn::tensor::ElementConversion;
 use coupled_qk::model::{FusedOps, Gpt};
-use indicatif::ProgressBar;
+use indicatif::{ProgressBar, ProgressStyle};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -44,11 +51,14 @@ type Adam<B> = OptimizerAdaptor<AdamW, Gpt<B>, B>;
 ///
 /// Several devices change only how a micro-batch's gradient is computed: its rows are sharded
 /// across the devices and the shards' gradients summed on the main device, `devices[0]`, which
-/// also holds the optimiser state, evaluates and writes the checkpoints.
+/// also holds the optimiser state, evaluates and writes the checkpoints. Several ranks
+/// ([`prepare_in_group`](Self::prepare_in_group)) split each micro-batch's rows between them
+/// first.
 pub struct Trainer<'a, B: FusedOps> {
     config: TrainConfig,
     corpus: &'a TokenizedCorpus,
     devices: &'a [B::Device],
+    group: &'a dyn ProcessGroup,
     out_dir: PathBuf,
     /// The step this invocation stops at (`max_steps`, or earlier with `stop_at`).
     stop: usize,
@@ -60,7 +70,8 @@ pub struct Trainer<'a, B: FusedOps> {
     optimizer: Adam<B>,
     params: usize,
     extra_params: usize,
-    log: MetricsLog,
+    /// `metrics.csv`; `None` on ranks other than 0, which write nothing.
+    log: Option<MetricsLog>,
     rows: Vec<MetricsRow>,
     resumed_step: Option<usize>,
     step: usize,
@@ -79,71 +90,11 @@ pub struct Trainer<'a, B: FusedOps> {
     /// A checkpoint of the last step, written once the next step's losses prove it finite.
     pending_checkpoint: Option<CheckpointState>,
     last_val: Option<Validation>,
-    /// `dynamics.csv`.
-    dynamics: DynamicsLog,
-    /// The folder's lock, held until the trainer is dropped (or the process ends).
-    _lock: std::fs::File,
-}
-
-/// The lock file of a run folder.
-pub const LOCK_FILE: &str = ".lock";
-
-/// Takes the exclusive lock of a run folder (an OS lock on its `.lock` file, released when the
-/// file is closed, also by a crash) and writes this process's id into it.
-///
-/// # Errors
-/// [`TrainError::RunInUse`] when another process holds it.
-fn lock_folder(out_dir: &Path) -> Result<std::fs::File, TrainError> {
-    use std::io::{Read, Seek, Write};
-    let path = out_dir.join(LOCK_FILE);
-    let mut file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&path)
-        .map_err(|e| TrainError::io("open", &path, e))?;
-    match file.try_lock() {
-        Ok(()) => {}
-        Err(std::fs::TryLockError::WouldBlock) => {
-            let mut holder = String::new();
-            let _ = file.read_to_string(&mut holder);
-            return Err(TrainError::RunInUse {
-                path: out_dir.to_path_buf(),
-                holder: match holder.trim() {
-                    "" => "another process".to_string(),
-                    pid => format!("process {pid}"),
-                },
-            });
-        }
-        Err(std::fs::TryLockError::Error(e)) => return Err(TrainError::io("lock", &path, e)),
-    }
-    let written = file
-        .set_len(0)
-        .and_then(|()| file.rewind())
-        .and_then(|()| write!(file, "{}", std::process::id()));
-    written.map_err(|e| TrainError::io("write", &path, e))?;
-    Ok(file)
-}
-
-/// Removes what a killed run left in its folder: temporary files of interrupted writes and
-/// incomplete checkpoint folders (no manifest). Only with the folder's lock held, when no live
-/// process writes there.
-fn remove_leftovers(out_dir: &Path) -> Result<(), TrainError> {
-    let clean = |dir: &Path| {
-        atomic::remove_stale_temps(dir)
-            .map(drop)
-            .map_err(|e| TrainError::io("clean", dir, e))
-    };
-    clean(out_dir)?;
-    for (_, dir) in all_checkpoint_dirs(out_dir)? {
-        if is_complete(&dir) {
-            clean(&dir)?;
-        } else {
-            std::fs::remove_dir_all(&dir).map_err(|e| TrainError::io("remove", &dir, e))?;
-        }
-    }
-    Ok(())
+    /// `dynamics.csv`; `None` on ranks other than 0.
+    dynamics: Option<DynamicsLog>,
+    /// The folder's lock, held until the trainer is dropped (or the process ends); `None` on
+    /// ranks other than 0.
+    _lock: Option<std::fs::File>,
 }
 
 impl<'a, B: FusedOps> Trainer<'a, B> {
@@ -161,23 +112,57 @@ impl<'a, B: FusedOps> Trainer<'a, B> {
         options: &RunOptions,
         devices: &'a [B::Device],
     ) -> Result<Self, TrainError> {
+        Self::prepare_in_group(config, corpus, out_dir, options, devices, &SingleProcess)
+    }
+
+    /// [`prepare`](Self::prepare) as one rank of `group`: every rank of the group calls it with
+    /// the same config, corpus and options. Rank 0 prepares the run folder as one process would
+    /// and broadcasts its state (weights with their parameter ids, AdamW's moments, the step);
+    /// the other ranks take it and never touch the folder, so a resume needs the folder on rank
+    /// 0's machine only. Each micro-batch's `batch_size` rows are split into one equal share per
+    /// rank (and each share over the rank's devices): the ranks together compute the gradient
+    /// one process would compute over the whole micro-batch.
+    ///
+    /// # Errors
+    /// Those of [`prepare`](Self::prepare) (on rank 0; the others then fail with
+    /// [`TrainError::Group`] naming rank 0's error), a `batch_size` not divisible by the ranks
+    /// times the devices, and a collective that does not complete.
+    pub fn prepare_in_group(
+        config: &TrainConfig,
+        corpus: &'a TokenizedCorpus,
+        out_dir: &Path,
+        options: &RunOptions,
+        devices: &'a [B::Device],
+        group: &'a dyn ProcessGroup,
+    ) -> Result<Self, TrainError> {
         config.validate_for(corpus)?;
-        let Some(device) = devices.first() else {
+        if devices.is_empty() {
             return Err(TrainError::Config {
                 field: "devices".into(),
                 value: "[]".into(),
                 message: "at least one device is needed".into(),
             });
-        };
-        if !config.batch_size.is_multiple_of(devices.len()) {
+        }
+        let shares = devices.len() * group.world_size();
+        if !config.batch_size.is_multiple_of(shares) {
+            let message = if group.world_size() == 1 {
+                format!(
+                    "must be divisible by the number of devices ({shares}): each device takes \
+                     batch_size / {shares} rows of every micro-batch"
+                )
+            } else {
+                format!(
+                    "must be divisible by the ranks times the devices of each ({} × {} = \
+                     {shares}): each device of each rank takes batch_size / {shares} rows of \
+                     every micro-batch",
+                    group.world_size(),
+                    devices.len()
+                )
+            };
             return Err(TrainError::Config {
                 field: "batch_size".into(),
                 value: config.batch_size.to_string(),
-                message: format!(
-                    "must be divisible by the number of devices ({n}): each device takes \
-                     batch_size / {n} rows of every micro-batch",
-                    n = devices.len()
-                ),
+                message,
             });
         }
         if options.stop_at == Some(0) {
@@ -187,6 +172,51 @@ impl<'a, B: FusedOps> Trainer<'a, B> {
                 message: "must be at least 1".into(),
             });
         }
+        if group.world_size() == 1 {
+            return Self::prepare_rank(config, corpus, out_dir, options, devices, group);
+        }
+        let quiet = RunOptions {
+            quiet: true,
+            ..options.clone()
+        };
+        let options = if group.rank() == 0 { options } else { &quiet };
+        let local = Self::prepare_rank(config, corpus, out_dir, options, devices, group);
+        // Rank 0 sends its state, or its error, which every rank then returns.
+        let mut message = match (group.rank(), &local) {
+            (0, Ok(trainer)) => trainer.encode_state()?,
+            (0, Err(e)) => [&[0u8][..], e.to_string().as_bytes()].concat(),
+            _ => Vec::new(),
+        };
+        group.broadcast_bytes(&mut message)?;
+        let mut trainer = match (message.split_first(), group.rank()) {
+            (Some((0, _)), 0) => return local,
+            (Some((0, error)), _) => {
+                return Err(TrainError::Group(format!(
+                    "rank 0 could not start the run: {}",
+                    String::from_utf8_lossy(error)
+                )));
+            }
+            _ => local?,
+        };
+        if group.rank() != 0 {
+            trainer.adopt_state(message)?;
+        }
+        trainer.check_ranks_agree()?;
+        Ok(trainer)
+    }
+
+    /// One rank's preparation: rank 0's (or a single process's) with the run folder, the others'
+    /// without (a fresh model and optimiser, replaced by rank 0's state).
+    fn prepare_rank(
+        config: &TrainConfig,
+        corpus: &'a TokenizedCorpus,
+        out_dir: &Path,
+        options: &RunOptions,
+        devices: &'a [B::Device],
+        group: &'a dyn ProcessGroup,
+    ) -> Result<Self, TrainError> {
+        let device = &devices[0];
+        let main = group.rank() == 0;
         let say = |message: String| {
             if !options.quiet {
                 eprintln!("{message}");
@@ -197,32 +227,24 @@ impl<'a, B: FusedOps> Trainer<'a, B> {
             .map_or(config.max_steps, |s| s.min(config.max_steps));
         let mut run_config = RunConfig::new(config, corpus);
         run_config.backend = Some(B::name(device));
-        let lock_path = out_dir.join(LOCK_FILE);
-        let had_lock_file = lock_path.exists();
-        std::fs::create_dir_all(out_dir).map_err(|e| TrainError::io("create", out_dir, e))?;
-        let lock = lock_folder(out_dir)?;
-        let start = match resolve_start(out_dir, &run_config, options, &say) {
-            Ok(start) => start,
-            Err(e) => {
-                // A refused folder keeps nothing of this attempt.
-                if !had_lock_file {
-                    drop(lock);
-                    let _ = std::fs::remove_file(&lock_path);
-                }
-                return Err(e);
-            }
+        let (lock, start) = if main {
+            let (lock, start) = open_run_folder(out_dir, &run_config, options, &say)?;
+            (Some(lock), start)
+        } else {
+            (None, Start::fresh())
         };
-        if start.checkpoints.is_some() {
-            remove_leftovers(out_dir)?;
-        }
 
         let windows = TrainWindows::new(&corpus.train, config.seq_len, config.seed)?;
-        let eval_set = eval_batches(
-            &corpus.valid,
-            config.seq_len,
-            config.eval_batch,
-            config.eval_windows,
-        )?;
+        let eval_set = if main {
+            eval_batches(
+                &corpus.valid,
+                config.seq_len,
+                config.eval_batch,
+                config.eval_windows,
+            )?
+        } else {
+            Vec::new()
+        };
 
         B::seed(device, config.seed);
         coupled_qk::attention::register_flash_attention::<B>();
@@ -230,7 +252,7 @@ impl<'a, B: FusedOps> Trainer<'a, B> {
             .model
             .try_init(device)?
             .with_attention_kernel(config.attention_kernel);
-        if start.checkpoints.is_none() {
+        if start.checkpoints.is_none() && main {
             model = match &config.init_weights {
                 None => model,
                 Some(InitWeights::Safetensors(path)) => model.load_safetensors(path)?,
@@ -238,15 +260,7 @@ impl<'a, B: FusedOps> Trainer<'a, B> {
             };
         }
         let (params, extra_params) = (model.num_params(), model.extra_num_params());
-        // PyTorch's ε (Burn's default is 1e-5); no clipping here: `clip_global_norm` does it.
-        let new_optimizer = || {
-            AdamWConfig::new()
-                .with_beta_1(config.betas.0 as f32)
-                .with_beta_2(config.betas.1 as f32)
-                .with_epsilon(1e-8)
-                .with_weight_decay(config.weight_decay as f32)
-                .init::<B, Gpt<B>>()
-        };
+        let new_optimizer = || new_optimizer::<B>(config);
 
         let metrics_path = out_dir.join("metrics.csv");
         let (model, optimizer, state, rows, resumed_step) = match &start.checkpoints {
@@ -294,23 +308,28 @@ impl<'a, B: FusedOps> Trainer<'a, B> {
                 None,
             ),
         };
-        run_config.changes = start.history;
-        if let Some(step) = resumed_step {
-            run_config
-                .changes
-                .extend(start.changes.into_iter().map(|c| RecordedChange {
-                    step,
-                    field: c.field,
-                    old: c.old,
-                    new: c.new,
-                }));
-        }
-        // Written once the checkpoint has loaded: a resume that fails leaves the run's record.
-        let config_path = out_dir.join("config.json");
-        atomic::write(&config_path, run_config.to_json().as_bytes())
-            .map_err(|e| TrainError::io("write", &config_path, e))?;
-        let log = MetricsLog::create(&metrics_path, &rows)?;
-        let dynamics = DynamicsLog::open(&out_dir.join("dynamics.csv"), resumed_step)?;
+        let (log, dynamics) = if main {
+            run_config.changes = start.history;
+            if let Some(step) = resumed_step {
+                run_config
+                    .changes
+                    .extend(start.changes.into_iter().map(|c| RecordedChange {
+                        step,
+                        field: c.field,
+                        old: c.old,
+                        new: c.new,
+                    }));
+            }
+            // Written once the checkpoint has loaded: a resume that fails leaves the run's record.
+            let config_path = out_dir.join("config.json");
+            atomic::write(&config_path, run_config.to_json().as_bytes())
+                .map_err(|e| TrainError::io("write", &config_path, e))?;
+            let log = MetricsLog::create(&metrics_path, &rows)?;
+            let dynamics = DynamicsLog::open(&out_dir.join("dynamics.csv"), resumed_step)?;
+            (Some(log), Some(dynamics))
+        } else {
+            (None, None)
+        };
         say(format!(
             "training {} parameters ({} added by the attention variant) on {} ({} training \
              tokens, `{}` tokenizer): {} steps of {} tokens into {}",
@@ -323,13 +342,20 @@ impl<'a, B: FusedOps> Trainer<'a, B> {
             config.tokens_per_step(),
             out_dir.display()
         ));
+        if group.world_size() > 1 {
+            say(format!(
+                "data-parallel over {} ranks ({} rows each per micro-batch)",
+                group.world_size(),
+                config.batch_size / group.world_size()
+            ));
+        }
         if devices.len() > 1 {
             say(format!(
                 "data-parallel over {} devices {:?} ({} rows each per micro-batch; main device \
                  {:?})",
                 devices.len(),
                 devices,
-                config.batch_size / devices.len(),
+                config.batch_size / group.world_size() / devices.len(),
                 device
             ));
         }
@@ -338,6 +364,7 @@ impl<'a, B: FusedOps> Trainer<'a, B> {
             config: config.clone(),
             corpus,
             devices,
+            group,
             out_dir: out_dir.to_path_buf(),
             stop,
             windows,
@@ -364,6 +391,94 @@ impl<'a, B: FusedOps> Trainer<'a, B> {
             dynamics,
             _lock: lock,
         })
+    }
+
+    /// Rank 0's state for the other ranks: `1`, then the length-prefixed JSON of the
+    /// checkpoint state, then the model's record (length-prefixed) and the optimiser's.
+    fn encode_state(&self) -> Result<Vec<u8>, TrainError> {
+        let state = serde_json::to_vec(&self.state()).expect("a CheckpointState serialises");
+        let (model, optimizer) = encode_records(self.model(), &self.optimizer, &self.out_dir)?;
+        let mut bytes = vec![1u8];
+        for part in [&state, &model] {
+            bytes.extend_from_slice(&(part.len() as u64).to_le_bytes());
+            bytes.extend_from_slice(part);
+        }
+        bytes.extend_from_slice(&optimizer);
+        Ok(bytes)
+    }
+
+    /// Takes rank 0's state, as [`encode_state`](Self::encode_state) wrote it.
+    fn adopt_state(&mut self, message: Vec<u8>) -> Result<(), TrainError> {
+        let malformed = || TrainError::Group("rank 0's state arrived cut short".into());
+        let mut rest = message.get(1..).ok_or_else(malformed)?;
+        let mut part = || -> Result<Vec<u8>, TrainError> {
+            let (len, tail) = rest.split_first_chunk::<8>().ok_or_else(malformed)?;
+            let len = usize::try_from(u64::from_le_bytes(*len)).map_err(|_| malformed())?;
+            let (part, tail) = tail.split_at_checked(len).ok_or_else(malformed)?;
+            rest = tail;
+            Ok(part.to_vec())
+        };
+        let state: CheckpointState =
+            serde_json::from_slice(&part()?).map_err(|_| malformed())?;
+        let model_bytes = part()?;
+        let optimizer_bytes = rest.to_vec();
+        let model = self.model.take().expect("the model is only taken during an update");
+        let optimizer = new_optimizer::<B>(&self.config);
+        let origin = PathBuf::from("<rank 0>");
+        let (model, optimizer) = decode_records(
+            model,
+            optimizer,
+            model_bytes,
+            optimizer_bytes,
+            &origin,
+            &self.devices[0],
+        )?;
+        self.model = Some(model);
+        self.optimizer = optimizer;
+        self.step = state.step;
+        self.tokens = state.tokens;
+        self.pending_losses = state.losses();
+        self.elapsed_before = state.elapsed_s;
+        self.resumed_step = (state.step > 0).then_some(state.step);
+        self.progress.set_position(state.step as u64);
+        Ok(())
+    }
+
+    /// Checks that every rank holds rank 0's weights, bit for bit (their digests): ranks that
+    /// drifted apart would train different models without a word.
+    ///
+    /// # Errors
+    /// [`TrainError::Group`] on every rank when one differs.
+    fn check_ranks_agree(&self) -> Result<(), TrainError> {
+        if self.group.world_size() == 1 {
+            return Ok(());
+        }
+        let digest = weights_digest(&self.model().valid()).to_le_bytes();
+        let mut rank0 = digest.to_vec();
+        self.group.broadcast_bytes(&mut rank0)?;
+        let mut differing = [f64::from(u8::from(rank0 != digest))];
+        self.group.all_reduce_sum_f64(&mut differing)?;
+        if differing[0] > 0.0 {
+            return Err(TrainError::Group(format!(
+                "at step {}, {} of {} ranks hold other weights than rank 0: their MPI library \
+                 gives ranks different sums, or a rank was disturbed; resume from the last \
+                 checkpoint",
+                self.step,
+                differing[0],
+                self.group.world_size()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Rank 0's `ok` on every rank (each other rank's own `ok` is ignored).
+    fn rank0_says(&self, ok: bool) -> Result<bool, TrainError> {
+        if self.group.world_size() == 1 {
+            return Ok(ok);
+        }
+        let mut flag = vec![u8::from(ok)];
+        self.group.broadcast_bytes(&mut flag)?;
+        Ok(flag == [1])
     }
 
     /// Trains until the stop step, then [`finish`](Self::finish)es.
@@ -413,31 +528,62 @@ impl<'a, B: FusedOps> Trainer<'a, B> {
         // Burn's Flex and CubeCL generators are process-global (the device is ignored): seeding
         // the main device seeds them all. With several devices, dropout (if any) draws from it
         // in whatever order the devices' threads run, so only then is a step's randomness not
-        // reproducible.
-        B::seed(device, step_seed(self.config.seed, s as u64));
+        // reproducible. Each rank draws its own masks.
+        let rank = self.group.rank() as u64;
+        B::seed(device, step_seed(self.config.seed ^ rank, s as u64));
         let lr = self.schedule.at(self.step);
         let accum = self.config.grad_accum;
+        let (rank, ranks) = (self.group.rank(), self.group.world_size());
         let mut accumulator = GradientsAccumulator::<Gpt<B>>::new();
         let mut loss_sum = 0.0;
+        let mut non_finite = None;
         for i in 0..accum {
             let index = (self.step * accum + i) as u64;
             let batch = self.windows.batch(index, self.config.batch_size);
+            let batch = if ranks == 1 {
+                batch
+            } else {
+                share_of_rows(&batch, rank, ranks)
+            };
             match batch_gradients(self.model(), &batch, self.devices, accum, self.config.loss) {
                 Ok((value, grads)) => {
                     accumulator.accumulate(self.model(), grads);
                     loss_sum += value;
                 }
-                Err(value) => return Err(self.diverged(s, value, "loss")),
+                Err(value) => {
+                    non_finite = Some(value);
+                    break;
+                }
             }
+        }
+        let mut grads = accumulator.grads();
+        if ranks > 1 {
+            // Every rank takes part even after a non-finite loss, so all stop together.
+            let mut sums = [loss_sum, f64::from(u8::from(non_finite.is_some()))];
+            grads = all_reduce_gradients(self.model(), grads, &mut sums, self.group)?;
+            loss_sum = sums[0] / ranks as f64;
+            if sums[1] > 0.0 {
+                non_finite = Some(non_finite.unwrap_or(f64::NAN));
+            }
+        }
+        if let Some(value) = non_finite {
+            let what = if ranks > 1 && value.is_nan() {
+                "loss (of another rank)"
+            } else {
+                "loss"
+            };
+            return Err(self.diverged(s, value, what));
         }
         // The previous step's weights gave finite losses: only now is its checkpoint written
         // (the model and optimiser still hold that step's state until the update below).
         if let Some(state) = self.pending_checkpoint.take() {
             let t = Instant::now();
-            self.write_checkpoint(&state)?;
+            self.check_ranks_agree()?;
+            if rank == 0 {
+                self.write_checkpoint(&state)?;
+            }
             side_time += t.elapsed();
         }
-        let mut grads = accumulator.grads();
         if let Some(max_norm) = self.config.grad_clip {
             grads = clip_global_norm(self.model(), grads, max_norm).0;
         }
@@ -456,19 +602,26 @@ impl<'a, B: FusedOps> Trainer<'a, B> {
         self.total = (self.total.0 + train_time, self.total.1 + step_tokens);
 
         let due = s.is_multiple_of(self.config.eval_every) || s == self.config.max_steps;
-        let val = due.then(|| self.evaluate());
-        if due {
+        // Only rank 0 evaluates and writes; the others learn whether its loss was finite.
+        let val = (due && rank == 0).then(|| self.evaluate());
+        if due && rank == 0 {
             let stats = self.dynamics_stats();
-            self.dynamics.record(s, stats)?;
+            if let Some(dynamics) = self.dynamics.as_mut() {
+                dynamics.record(s, stats)?;
+            }
         }
-        if val.is_some() || s.is_multiple_of(self.config.log_every) {
+        if rank == 0 && (val.is_some() || s.is_multiple_of(self.config.log_every)) {
             self.log_row(lr, val)?;
         }
         if let Some(v) = val {
             self.last_val = Some(v);
             self.plot();
-            if !v.loss.is_finite() {
-                return Err(self.diverged(s, v.loss, "validation loss"));
+        }
+        if due {
+            let finite = val.is_none_or(|v| v.loss.is_finite());
+            if !self.rank0_says(finite)? {
+                let loss = val.map_or(f64::NAN, |v| v.loss);
+                return Err(self.diverged(s, loss, "validation loss"));
             }
         }
         self.show_progress(step_loss);
@@ -496,12 +649,19 @@ impl<'a, B: FusedOps> Trainer<'a, B> {
     }
 
     /// Writes a checkpoint of the current step (syncing the metrics first) and prunes old ones.
+    /// In a group every rank calls it: the ranks first check that they hold the same weights,
+    /// then rank 0 writes.
     ///
     /// # Errors
     /// I/O errors.
     pub fn checkpoint(&mut self) -> Result<PathBuf, TrainError> {
         let state = self.state();
-        self.write_checkpoint(&state)
+        self.check_ranks_agree()?;
+        if self.group.rank() == 0 {
+            self.write_checkpoint(&state)
+        } else {
+            Ok(checkpoint_dir(&self.out_dir, state.step))
+        }
     }
 
     /// Writes the final checkpoint (unless this invocation only reopened a run already at its
@@ -511,39 +671,48 @@ impl<'a, B: FusedOps> Trainer<'a, B> {
     /// [`TrainError::NonFinite`] when the run stopped early and the next step's loss is not
     /// finite, and I/O errors.
     pub fn finish(mut self) -> Result<RunSummary, TrainError> {
+        let main = self.group.rank() == 0;
         if self.resumed_step != Some(self.step) {
             if self.step < self.config.max_steps {
                 // Stopped early: vouch for the weights with the loss of the next step's first
                 // micro-batch (at max_steps the final validation loss, checked in `step`, does
                 // it). One device's shard of rows: the whole micro-batch of a multi-GPU run may
-                // not fit on one.
-                let rows = self.config.batch_size / self.devices.len();
-                let index = (self.step * self.config.grad_accum) as u64;
-                let batch = self.windows.batch(index, rows);
-                let nats = batch_nats(
-                    &self.model().valid(),
-                    &batch,
-                    &self.devices[0],
-                    self.config.loss,
-                );
-                let next = nats.into_scalar().elem::<f64>() / (batch.rows * batch.seq_len) as f64;
-                if !next.is_finite() {
+                // not fit on one. Rank 0 checks for every rank.
+                let next = if main { self.next_loss() } else { f64::NAN };
+                if !self.rank0_says(next.is_finite())? {
                     return Err(self.diverged(self.step + 1, next, "loss"));
                 }
             }
             self.checkpoint()?;
         }
-        self.plot();
         let summary = self.summary();
-        let summary_path = self.out_dir.join("summary.json");
-        let json = serde_json::to_string_pretty(&summary).expect("a RunSummary always serialises");
-        atomic::write(&summary_path, json.as_bytes())
-            .map_err(|e| TrainError::io("write", &summary_path, e))?;
+        if main {
+            self.plot();
+            let summary_path = self.out_dir.join("summary.json");
+            let json =
+                serde_json::to_string_pretty(&summary).expect("a RunSummary always serialises");
+            atomic::write(&summary_path, json.as_bytes())
+                .map_err(|e| TrainError::io("write", &summary_path, e))?;
+        }
         self.progress.finish_with_message(match summary.val_loss {
             Some(v) => format!("val loss {v:.4}, {:.0} tok/s", summary.tokens_per_s),
             None => format!("{:.0} tok/s", summary.tokens_per_s),
         });
         Ok(summary)
+    }
+
+    /// The mean loss of one device's share of the next step's first micro-batch.
+    fn next_loss(&self) -> f64 {
+        let rows = self.config.batch_size / self.devices.len() / self.group.world_size();
+        let index = (self.step * self.config.grad_accum) as u64;
+        let batch = self.windows.batch(index, rows);
+        let nats = batch_nats(
+            &self.model().valid(),
+            &batch,
+            &self.devices[0],
+            self.config.loss,
+        );
+        nats.into_scalar().elem::<f64>() / (batch.rows * batch.seq_len) as f64
     }
 
     fn elapsed(&self) -> f64 {
@@ -561,7 +730,9 @@ impl<'a, B: FusedOps> Trainer<'a, B> {
     }
 
     fn write_checkpoint(&mut self, state: &CheckpointState) -> Result<PathBuf, TrainError> {
-        self.log.sync()?;
+        if let Some(log) = &mut self.log {
+            log.sync()?;
+        }
         let dir = save_checkpoint(&self.out_dir, state, self.model(), &self.optimizer)?;
         prune_checkpoints(&self.out_dir, self.config.keep_checkpoints)?;
         Ok(dir)
@@ -578,7 +749,9 @@ impl<'a, B: FusedOps> Trainer<'a, B> {
             tokens_per_s: tokens as f64 / time.as_secs_f64().max(1e-9),
             elapsed_s: self.elapsed(),
         };
-        self.log.append(&row)?;
+        if let Some(log) = &mut self.log {
+            log.append(&row)?;
+        }
         self.rows.push(row);
         self.pending_losses.clear();
         self.interval = (Duration::ZERO, 0);
@@ -593,7 +766,8 @@ impl<'a, B: FusedOps> Trainer<'a, B> {
             self.progress.suspend(|| eprintln!("warning: {e}"));
         }
         let path = self.out_dir.join("dynamics.svg");
-        if let Err(e) = write_dynamics_plot(self.dynamics.rows(), &self.plot_title, &path) {
+        let dynamics = self.dynamics.as_ref().map_or(&[][..], DynamicsLog::rows);
+        if let Err(e) = write_dynamics_plot(dynamics, &self.plot_title, &path) {
             self.progress.suspend(|| eprintln!("warning: {e}"));
         }
     }
@@ -646,7 +820,43 @@ impl<'a, B: FusedOps> Trainer<'a, B> {
             params: self.params,
             extra_params: self.extra_params,
             resumed_from: self.resumed_step,
-            dynamics: self.dynamics.last(),
+            dynamics: self.dynamics.as_ref().map(DynamicsLog::last).unwrap_or_default(),
         }
     }
+}
+
+/// The optimiser of every run, as `config` sets it: PyTorch's ε (Burn's default is 1e-5); no
+/// clipping here, `clip_global_norm` does it.
+fn new_optimizer<B: FusedOps>(config: &TrainConfig) -> Adam<B> {
+    AdamWConfig::new()
+        .with_beta_1(config.betas.0 as f32)
+        .with_beta_2(config.betas.1 as f32)
+        .with_epsilon(1e-8)
+        .with_weight_decay(config.weight_decay as f32)
+        .init::<B, Gpt<B>>()
+}
+
+fn progress_bar(quiet: bool, stop: usize, position: usize) -> ProgressBar {
+    if quiet {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(stop as u64).with_style(
+        ProgressStyle::with_template(
+            "step {pos:>6}/{len} [{bar:30}] {elapsed_precise} eta {eta_precise} {msg}",
+        )
+        .expect("a valid template")
+        .progress_chars("=> "),
+    );
+    bar.set_position(position as u64);
+    bar.reset_eta();
+    bar
+}
+
+/// The seed of the backend's generator during step `step`: depends on nothing else, so a resumed
+/// run draws what the uninterrupted one would (SplitMix64's finaliser).
+pub(super) fn step_seed(seed: u64, step: u64) -> u64 {
+    let mut z = seed ^ step.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x5EED_0F57_E95E_ED00;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }

@@ -1,3 +1,6 @@
-//! Helpers of the integration tests.
+//! Helpers of the integration tests (each test crate uses some of them).
+#![allow(dead_code)]
+
+pub mod corpus;
 
 pub mod hub_server;

@@ -1,0 +1,120 @@
+//! Data-parallel training across processes: a [`ProcessGroup`] of ranks that sum their gradients
+//! once per optimiser step.
+//!
+//! Each rank is one process (on one machine or many), with its own devices (`--devices N` inside
+//! a rank works as in one process). Every rank computes the gradient of its share of every
+//! micro-batch; once per optimiser step, after gradient accumulation and before clipping,
+//! [`all_reduce_gradients`] flattens the gradients in the model's visiting order (parameter ids
+//! are random per process, so they are never used to match tensors across ranks), sums them over
+//! the ranks with one all-reduce and divides by the number of ranks. Clipping and the AdamW step
+//! then run identically on every rank. The trainer ([`crate::lm::Trainer`]) does the rest: rank
+//! 0's initial (or resumed) state is broadcast to the others, only rank 0 evaluates and writes
+//! the run folder, and a non-finite loss on any rank stops all of them together.
+//!
+//! Implementations: [`SingleProcess`] (one rank: every operation is the identity) and, with the
+//! lab's cargo feature `mpi`, [`MpiGroup`] over the MPI library the job was launched with
+//! (`mpiexec`, `srun`). [`from_environment`] picks the right one for a program.
+
+mod gradients;
+#[cfg(feature = "mpi")]
+mod mpi_group;
+
+pub use gradients::{all_reduce_gradients, weights_digest};
+#[cfg(feature = "mpi")]
+pub use mpi_group::MpiGroup;
+
+use std::time::Duration;
+
+/// A collective operation that did not complete.
+#[derive(Debug, thiserror::Error)]
+pub enum CollectiveError {
+    /// Another rank stopped before this one: rank 0 could not start the run, or a rank's
+    /// state differs from rank 0's.
+    #[error("{0}")]
+    Peer(String),
+    /// The group cannot be created.
+    #[error("cannot start the process group: {0}")]
+    Start(String),
+}
+
+/// The ranks of a data-parallel job and the three collectives its training needs.
+///
+/// Every rank must call the same operations in the same order with buffers of the same length;
+/// a rank that stops calling makes the others wait (an implementation bounds the wait, see
+/// [`MpiGroup`]).
+pub trait ProcessGroup {
+    /// This process's rank, `0..world_size()`; rank 0 is the one that writes.
+    fn rank(&self) -> usize;
+    /// The number of ranks.
+    fn world_size(&self) -> usize;
+    /// This process's index among the ranks on its machine: the GPU it should use when each
+    /// rank drives one.
+    fn local_rank(&self) -> usize;
+    /// Replaces `values` by their elementwise sum over the ranks (every rank receives the same
+    /// sum).
+    ///
+    /// # Errors
+    /// The operation does not complete.
+    fn all_reduce_sum_f32(&self, values: &mut [f32]) -> Result<(), CollectiveError>;
+    /// [`all_reduce_sum_f32`](Self::all_reduce_sum_f32) in `f64` (losses, flags, counts).
+    ///
+    /// # Errors
+    /// The operation does not complete.
+    fn all_reduce_sum_f64(&self, values: &mut [f64]) -> Result<(), CollectiveError>;
+    /// Replaces `bytes` on every rank by rank 0's (of any length).
+    ///
+    /// # Errors
+    /// The operation does not complete.
+    fn broadcast_bytes(&self, bytes: &mut Vec<u8>) -> Result<(), CollectiveError>;
+    /// A name of this rank for messages, e.g. `rank 1 of 4 (node07)`.
+    fn describe(&self) -> String {
+        format!("rank {} of {}", self.rank(), self.world_size())
+    }
+}
+
+/// One process alone: rank 0 of 1, every collective the identity.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SingleProcess;
+
+impl ProcessGroup for SingleProcess {
+    fn rank(&self) -> usize {
+        0
+    }
+    fn world_size(&self) -> usize {
+        1
+    }
+    fn local_rank(&self) -> usize {
+        0
+    }
+    fn all_reduce_sum_f32(&self, _values: &mut [f32]) -> Result<(), CollectiveError> {
+        Ok(())
+    }
+    fn all_reduce_sum_f64(&self, _values: &mut [f64]) -> Result<(), CollectiveError> {
+        Ok(())
+    }
+    fn broadcast_bytes(&self, _bytes: &mut Vec<u8>) -> Result<(), CollectiveError> {
+        Ok(())
+    }
+}
+
+/// How long a rank waits in one collective before it decides that another rank has died or hangs
+/// and stops the job (see [`MpiGroup::new`]): long enough for rank 0's evaluation and checkpoint,
+/// which the others wait for.
+pub const DEFAULT_COLLECTIVE_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+
+/// The process group a program runs in: with the `mpi` feature, MPI's world (one rank when the
+/// program was not started by an MPI launcher); without it, [`SingleProcess`].
+///
+/// # Errors
+/// MPI cannot be initialised.
+pub fn from_environment(timeout: Duration) -> Result<Box<dyn ProcessGroup>, CollectiveError> {
+    #[cfg(feature = "mpi")]
+    {
+        Ok(Box::new(MpiGroup::new(timeout)?))
+    }
+    #[cfg(not(feature = "mpi"))]
+    {
+        let _ = timeout;
+        Ok(Box::new(SingleProcess))
+    }
+}
