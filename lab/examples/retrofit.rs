@@ -194,16 +194,11 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         corpus.name,
         out.display()
     );
-    let task = TrainingRun {
-        config,
-        corpus,
-        out,
-        cpu_note: None,
-        options: RunOptions {
-            resume: args.resume,
-            force: args.force,
-            ..RunOptions::default()
-        },
+    let options = RunOptions {
+        resume: args.resume,
+        force: args.force,
+        ..RunOptions::default()
     };
+    let task = TrainingRun::new(config, corpus, out, options);
     dispatch_devices(args.backend, usize::from(args.devices), task)?
 }

@@ -9,6 +9,8 @@
 //! # CPU scale, offline, on the corpus shipped with the harness:
 //! cargo run --release --example wikitext_60m -- --preset tiny --tokenizer bytes \
 //!     --corpus shakespeare --max-steps 300 --devices 2
+//! # data-parallel over MPI ranks, one GPU each (any number of machines; docs/training.md):
+//! mpiexec -n 8 cargo run --release --features cuda,mpi --example wikitext_60m -- --attention euler
 //! ```
 //!
 //! Defaults and which of them the paper states: docs/reproducing.md. Outputs (config.json,
@@ -17,11 +19,12 @@
 use clap::Parser;
 use coupled_qk::AttentionKernel;
 use coupled_qk::model::{AttentionVariant, GptConfig, Preset};
-use coupled_qk_lab::backend::{BackendChoice, dispatch_devices};
+use coupled_qk_lab::backend::{BackendChoice, dispatch_devices_from};
 use coupled_qk_lab::data::{CorpusSource, LoadOptions, SplitOptions, TokenizerKind, load_corpus};
 use coupled_qk_lab::lm::{LossKind, RunOptions, TrainConfig, TrainingRun};
 use coupled_qk_lab::suite::variant_with_steps;
 use std::path::PathBuf;
+use std::time::Duration;
 
 #[derive(Parser, Debug)]
 #[command(about = "Train a GPT with coupled QK attention on WikiText-103 (or another corpus)")]
@@ -102,6 +105,11 @@ struct Args {
     /// one thread, see docs/performance.md). Each takes batch_size / N rows of every micro-batch.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
     devices: u16,
+    /// Under an MPI launcher (a build with --features mpi): how long a rank waits for the others
+    /// in one exchange before it decides one died or hangs and stops the job, in seconds. It must
+    /// exceed rank 0's evaluation and checkpoint, which the others wait for.
+    #[arg(long, default_value_t = 1800)]
+    collective_timeout: u64,
     /// Token cache folder (default: $COUPLED_QK_CACHE or ~/.cache/coupled-qk).
     #[arg(long)]
     cache_dir: Option<PathBuf>,
@@ -249,6 +257,13 @@ fn preset_defaults(preset: Preset, config: &mut TrainConfig) {
 }
 
 fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
+    // One rank alone unless started by an MPI launcher (and built with --features mpi).
+    let group =
+        coupled_qk_lab::dist::from_environment(Duration::from_secs(args.collective_timeout))?;
+    let ranks = group.world_size();
+    if ranks > 1 {
+        eprintln!("{}: --devices {} each", group.describe(), args.devices);
+    }
     let source = args
         .corpus
         .parse::<CorpusSource>()?
@@ -262,11 +277,13 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let mut defaults = TrainConfig::new(GptConfig::preset(args.preset, 256));
     preset_defaults(args.preset, &mut defaults);
     let batch_size = args.batch_size.unwrap_or(defaults.batch_size);
-    if !batch_size.is_multiple_of(usize::from(args.devices)) {
+    let shares = usize::from(args.devices) * ranks;
+    if !batch_size.is_multiple_of(shares) {
         return Err(format!(
-            "--devices {}: the batch size ({batch_size}) must be divisible by the number of devices; \
-             set --batch-size to a multiple of {} (and --grad-accum to keep the tokens per step)",
-            args.devices, args.devices
+            "--devices {} over {ranks} rank(s): the batch size ({batch_size}) must be divisible by \
+             the devices of all ranks; set --batch-size to a multiple of {shares} (and --grad-accum \
+             to keep the tokens per step)",
+            args.devices
         )
         .into());
     }
@@ -324,11 +341,13 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             preset_name(args.preset)
         )
     });
+    let local_rank = group.local_rank();
     let task = TrainingRun {
         config,
         corpus,
         out,
         cpu_note,
+        group,
         options: RunOptions {
             resume: args.resume,
             stop_at: args.stop_at,
@@ -349,7 +368,9 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             ..RunOptions::default()
         },
     };
-    dispatch_devices(args.backend, usize::from(args.devices), task)?
+    // Each rank of a machine takes its own GPUs: local rank i the devices i·N..(i+1)·N.
+    let devices = usize::from(args.devices);
+    dispatch_devices_from(args.backend, local_rank * devices, devices, task)?
 }
 
 fn preset_name(preset: Preset) -> &'static str {

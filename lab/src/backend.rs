@@ -117,6 +117,21 @@ pub fn dispatch_devices<T: MultiDeviceTask>(
     count: usize,
     task: T,
 ) -> Result<T::Output, BackendError> {
+    dispatch_devices_from(choice, 0, count, task)
+}
+
+/// [`dispatch_devices`] on the GPUs `first..first + count` (CUDA devices, or WGPU's discrete
+/// GPUs): the devices of one of several ranks on a machine, rank `i` of the machine taking
+/// `first = i · count`. CPU backends ignore `first`.
+///
+/// # Errors
+/// Those of [`dispatch_devices`].
+pub fn dispatch_devices_from<T: MultiDeviceTask>(
+    choice: BackendChoice,
+    first: usize,
+    count: usize,
+    task: T,
+) -> Result<T::Output, BackendError> {
     if count == 0 {
         return Err(BackendError::NoDevices);
     }
@@ -127,8 +142,8 @@ pub fn dispatch_devices<T: MultiDeviceTask>(
         other => other,
     };
     match chosen {
-        BackendChoice::Cuda => run_cuda(task, count),
-        BackendChoice::Wgpu => run_wgpu(task, count),
+        BackendChoice::Cuda => run_cuda(task, first, count),
+        BackendChoice::Wgpu => run_wgpu(task, first, count),
         BackendChoice::NdArray => run_ndarray(task, count),
         _ => {
             eprintln!("backend: Flex (CPU, {})", cpu_workers(count));
@@ -213,12 +228,16 @@ fn answers<B: burn::tensor::backend::Backend>(device: &B::Device) -> bool {
 }
 
 #[cfg(feature = "cuda")]
-fn run_cuda<T: MultiDeviceTask>(task: T, count: usize) -> Result<T::Output, BackendError> {
+fn run_cuda<T: MultiDeviceTask>(
+    task: T,
+    first: usize,
+    count: usize,
+) -> Result<T::Output, BackendError> {
     use burn::backend::cuda::CudaDevice;
     if !cuda_works() {
         return Err(BackendError::NoCuda);
     }
-    let devices: Vec<CudaDevice> = (0..count).map(CudaDevice::new).collect();
+    let devices: Vec<CudaDevice> = (first..first + count).map(CudaDevice::new).collect();
     if let Some(missing) = devices.iter().find(|d| !answers::<burn::backend::Cuda>(d)) {
         return Err(BackendError::DeviceMissing {
             backend: "CUDA",
@@ -228,15 +247,22 @@ fn run_cuda<T: MultiDeviceTask>(task: T, count: usize) -> Result<T::Output, Back
         });
     }
     if count == 1 {
-        eprintln!("backend: CUDA (device 0)");
+        eprintln!("backend: CUDA (device {first})");
     } else {
-        eprintln!("backend: CUDA (devices 0..{count}, data-parallel; device 0 is the main one)");
+        eprintln!(
+            "backend: CUDA (devices {first}..{}, data-parallel; device {first} is the main one)",
+            first + count
+        );
     }
     Ok(task.run::<burn::backend::Autodiff<burn::backend::Cuda>>(devices, "cuda", true))
 }
 
 #[cfg(not(feature = "cuda"))]
-fn run_cuda<T: MultiDeviceTask>(_task: T, _count: usize) -> Result<T::Output, BackendError> {
+fn run_cuda<T: MultiDeviceTask>(
+    _task: T,
+    _first: usize,
+    _count: usize,
+) -> Result<T::Output, BackendError> {
     Err(BackendError::NotCompiled {
         backend: "CUDA",
         feature: "cuda",
@@ -244,9 +270,13 @@ fn run_cuda<T: MultiDeviceTask>(_task: T, _count: usize) -> Result<T::Output, Ba
 }
 
 #[cfg(feature = "wgpu")]
-fn run_wgpu<T: MultiDeviceTask>(task: T, count: usize) -> Result<T::Output, BackendError> {
+fn run_wgpu<T: MultiDeviceTask>(
+    task: T,
+    first: usize,
+    count: usize,
+) -> Result<T::Output, BackendError> {
     use burn::backend::wgpu::WgpuDevice;
-    if count == 1 {
+    if count == 1 && first == 0 {
         match wgpu_default_adapter() {
             Ok(adapter) if adapter.is_cpu => eprintln!(
                 "backend: WGPU on {} — a CPU driver, not a GPU: expect it to be slower than \
@@ -262,19 +292,24 @@ fn run_wgpu<T: MultiDeviceTask>(task: T, count: usize) -> Result<T::Output, Back
             true,
         ));
     }
-    let devices: Vec<WgpuDevice> = (0..count).map(WgpuDevice::DiscreteGpu).collect();
+    let devices: Vec<WgpuDevice> = (first..first + count)
+        .map(WgpuDevice::DiscreteGpu)
+        .collect();
     if let Some(missing) = devices
         .iter()
         .position(|d| !answers::<burn::backend::Wgpu>(d))
     {
         return Err(BackendError::DeviceMissing {
             backend: "WGPU discrete GPU",
-            index: missing,
+            index: first + missing,
             count,
-            hint: "several devices are WGPU's discrete GPUs 0..count",
+            hint: "several devices, or a rank's devices, are WGPU's discrete GPUs",
         });
     }
-    eprintln!("backend: WGPU (discrete GPUs 0..{count}, data-parallel; GPU 0 is the main one)");
+    eprintln!(
+        "backend: WGPU (discrete GPUs {first}..{}, data-parallel; GPU {first} is the main one)",
+        first + count
+    );
     Ok(task.run::<burn::backend::Autodiff<burn::backend::Wgpu>>(devices, "wgpu", true))
 }
 
@@ -342,7 +377,11 @@ fn wgpu_on_a_gpu() -> bool {
 }
 
 #[cfg(not(feature = "wgpu"))]
-fn run_wgpu<T: MultiDeviceTask>(_task: T, _count: usize) -> Result<T::Output, BackendError> {
+fn run_wgpu<T: MultiDeviceTask>(
+    _task: T,
+    _first: usize,
+    _count: usize,
+) -> Result<T::Output, BackendError> {
     Err(BackendError::NotCompiled {
         backend: "WGPU",
         feature: "wgpu",

@@ -17,8 +17,8 @@ mod support;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
-use support::corpus::corpus;
 use std::time::Instant;
+use support::corpus::corpus;
 
 type B = Autodiff<Flex>;
 

@@ -13,11 +13,11 @@ mod support;
 
 use burn::backend::{Autodiff, Flex};
 use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
+use burn::optim::GradientsParams;
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
-use coupled_qk::model::{GptConfig, Preset};
-use burn::optim::GradientsParams;
 use coupled_qk::model::Gpt;
+use coupled_qk::model::{GptConfig, Preset};
 use coupled_qk_lab::data::TrainWindows;
 use coupled_qk_lab::dist::{MpiGroup, ProcessGroup, all_reduce_gradients};
 use coupled_qk_lab::lm::{
@@ -59,7 +59,9 @@ fn quiet() -> RunOptions {
 }
 
 fn fresh_dir(name: &str) -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("mpi").join(name);
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("mpi")
+        .join(name);
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
@@ -84,7 +86,10 @@ fn gradients(model: &Gpt<B>, grads: &GradientsParams) -> Vec<f32> {
     struct Collect<'a>(&'a GradientsParams, Vec<f32>);
     impl ModuleVisitor<B> for Collect<'_> {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-            let grad = self.0.get::<Flex, D>(param.id).expect("every parameter has a gradient");
+            let grad = self
+                .0
+                .get::<Flex, D>(param.id)
+                .expect("every parameter has a gradient");
             self.1.extend(grad.into_data().to_vec::<f32>().unwrap());
         }
     }
@@ -105,9 +110,13 @@ fn gradient_average_error(group: &MpiGroup) -> f32 {
         .unwrap()
         .batch(0, config.batch_size);
     let devices = [device];
-    let whole = batch_gradients(&model, &batch, &devices, 1, config.loss).unwrap().1;
+    let whole = batch_gradients(&model, &batch, &devices, 1, config.loss)
+        .unwrap()
+        .1;
     let half = share_of_rows(&batch, group.rank(), group.world_size());
-    let half = batch_gradients(&model, &half, &devices, 1, config.loss).unwrap().1;
+    let half = batch_gradients(&model, &half, &devices, 1, config.loss)
+        .unwrap()
+        .1;
     let averaged = all_reduce_gradients(&model, half, &mut [], group).unwrap();
     let (whole, averaged) = (gradients(&model, &whole), gradients(&model, &averaged));
     assert_eq!(whole.len(), averaged.len());
@@ -208,7 +217,10 @@ fn two_ranks_train_like_one_process_over_the_whole_batch() {
         status.is_some_and(|s| s.success()),
         "the 2-rank job failed ({status:?}):\n{log}"
     );
-    eprintln!("2 ranks × 4 steps: {:.1} s", started.elapsed().as_secs_f64());
+    eprintln!(
+        "2 ranks × 4 steps: {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
 
     let rank0 = std::fs::read(dir.join("rank0.weights")).unwrap();
     let rank1 = std::fs::read(dir.join("rank1.weights")).unwrap();
@@ -217,9 +229,14 @@ fn two_ranks_train_like_one_process_over_the_whole_batch() {
     for rank in 0..2 {
         let path = dir.join(format!("rank{rank}.gradient-error"));
         let error: f32 = std::fs::read_to_string(path).unwrap().parse().unwrap();
-        eprintln!("rank {rank}: averaged half-batch gradients within {error:e} of the whole batch's");
+        eprintln!(
+            "rank {rank}: averaged half-batch gradients within {error:e} of the whole batch's"
+        );
         // The two means of 4 rows averaged vs one mean of 8: float rounding only.
-        assert!(error < 1e-5, "rank {rank}: the averaged gradient is off by {error:e}");
+        assert!(
+            error < 1e-5,
+            "rank {rank}: the averaged gradient is off by {error:e}"
+        );
     }
 
     // Only rank 0 wrote the run folder: one run's files, as one process writes them.
@@ -268,7 +285,10 @@ fn two_ranks_train_like_one_process_over_the_whole_batch() {
     // AdamW's first steps divide by small second moments, which amplifies rounding; measured
     // here: see the note printed above and docs/training.md.
     assert!(worst < 1e-4, "weights differ by up to {worst:e}");
-    assert!(worst_loss < 1e-5, "train losses differ by up to {worst_loss:e}");
+    assert!(
+        worst_loss < 1e-5,
+        "train losses differ by up to {worst_loss:e}"
+    );
     assert!((val_ranks - val_single).abs() < 1e-4);
 }
 
@@ -344,9 +364,17 @@ fn a_killed_rank_stops_the_job_within_a_bounded_time() {
     let waited = killed.elapsed();
     let log = output(job);
     let status = status.unwrap_or_else(|| panic!("the job still runs 90 s after a rank died"));
-    eprintln!("the job stopped {:.1} s after rank 1 was killed: {status}", waited.as_secs_f64());
+    eprintln!(
+        "the job stopped {:.1} s after rank 1 was killed: {status}",
+        waited.as_secs_f64()
+    );
     assert!(!status.success(), "the job reported success:\n{log}");
-    let clear = ["BAD TERMINATION", "no answer from the other ranks", "killed", "Killed"];
+    let clear = [
+        "BAD TERMINATION",
+        "no answer from the other ranks",
+        "killed",
+        "Killed",
+    ];
     assert!(
         clear.iter().any(|m| log.contains(m)),
         "the job's output does not say what happened:\n{log}"
@@ -380,11 +408,17 @@ fn a_hung_rank_stops_the_job_after_the_timeout() {
     let waited = hung.elapsed();
     let log = output(job);
     let status = status.unwrap_or_else(|| panic!("the job still runs 90 s after a rank hung"));
-    eprintln!("the job stopped {:.1} s after rank 1 hung: {status}", waited.as_secs_f64());
+    eprintln!(
+        "the job stopped {:.1} s after rank 1 hung: {status}",
+        waited.as_secs_f64()
+    );
     assert!(!status.success(), "the job reported success:\n{log}");
     assert!(
         log.contains("no answer from the other ranks for"),
         "rank 0's watchdog said nothing:\n{log}"
     );
-    assert!(waited >= Duration::from_secs(4), "stopped before the timeout");
+    assert!(
+        waited >= Duration::from_secs(4),
+        "stopped before the timeout"
+    );
 }

@@ -101,8 +101,7 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for Unflatten<'_, '_, B> {
         self.offset += len;
         if self.present.next().copied().unwrap_or(0.0) > 0.0 {
             let grad = self.flat.clone().slice(start..start + len).reshape(shape);
-            self.grads
-                .register::<B::InnerBackend, D>(param.id, grad);
+            self.grads.register::<B::InnerBackend, D>(param.id, grad);
         }
     }
 }

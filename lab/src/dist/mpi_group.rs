@@ -45,8 +45,8 @@ impl MpiGroup {
     /// # Errors
     /// MPI was initialised already in this process.
     pub fn new(timeout: Duration) -> Result<Self, CollectiveError> {
-        let (universe, threading) =
-            mpi::initialize_with_threading(mpi::Threading::Multiple).ok_or_else(|| {
+        let (universe, threading) = mpi::initialize_with_threading(mpi::Threading::Multiple)
+            .ok_or_else(|| {
                 CollectiveError::Start("MPI is initialised already in this process".into())
             })?;
         let world = universe.world();

@@ -12,8 +12,8 @@
 //! once per step ([`all_reduce_gradients`]); only rank 0 evaluates and writes the run folder.
 
 use super::checkpoint::{
-    CheckpointState, checkpoint_dir, decode_records, encode_records, load_newest_good, newest_good_checkpoint,
-    prune_checkpoints, save_checkpoint,
+    CheckpointState, checkpoint_dir, decode_records, encode_records, load_newest_good,
+    newest_good_checkpoint, prune_checkpoints, save_checkpoint,
 };
 use super::clip::clip_global_norm;
 use super::config::{InitWeights, RecordedChange, RunConfig};
@@ -21,8 +21,8 @@ use super::dynamics_log::{DynamicsLog, write_dynamics_plot};
 use super::eval::{batch_nats, batch_tensors, evaluate};
 use super::metrics::{MetricsLog, MetricsRow, read_metrics_until};
 use super::parallel::batch_gradients;
-use super::plot::write_loss_plot;
 use super::parallel::share_of_rows;
+use super::plot::write_loss_plot;
 use super::run_folder::{Start, open_run_folder};
 use super::{RunOptions, RunSummary, TrainConfig, TrainError, Validation};
 use crate::atomic;
@@ -418,11 +418,13 @@ impl<'a, B: FusedOps> Trainer<'a, B> {
             rest = tail;
             Ok(part.to_vec())
         };
-        let state: CheckpointState =
-            serde_json::from_slice(&part()?).map_err(|_| malformed())?;
+        let state: CheckpointState = serde_json::from_slice(&part()?).map_err(|_| malformed())?;
         let model_bytes = part()?;
         let optimizer_bytes = rest.to_vec();
-        let model = self.model.take().expect("the model is only taken during an update");
+        let model = self
+            .model
+            .take()
+            .expect("the model is only taken during an update");
         let optimizer = new_optimizer::<B>(&self.config);
         let origin = PathBuf::from("<rank 0>");
         let (model, optimizer) = decode_records(
@@ -820,7 +822,11 @@ impl<'a, B: FusedOps> Trainer<'a, B> {
             params: self.params,
             extra_params: self.extra_params,
             resumed_from: self.resumed_step,
-            dynamics: self.dynamics.as_ref().map(DynamicsLog::last).unwrap_or_default(),
+            dynamics: self
+                .dynamics
+                .as_ref()
+                .map(DynamicsLog::last)
+                .unwrap_or_default(),
         }
     }
 }
