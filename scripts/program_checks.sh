@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The programs against hostile but fair input: each case runs `wikitext_60m` or `generate` and
 # checks its exit status, a pattern of its message and, for a refused run, that no run folder was
-# written. Built with the test build's features and profile (as scripts/wgpu_smoke.sh), so that
+# written. Every experiment file (experiments/*.toml) must parse for its program. Built with the test build's features and profile (as scripts/wgpu_smoke.sh), so that
 # after `cargo test --features wgpu,ndarray` little is compiled. CI runs it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,7 +9,8 @@ FEATURES="${FEATURES:-wgpu,ndarray}"
 OUT="$(mktemp -d)"
 trap 'rm -rf "$OUT"' EXIT
 
-cargo build --features "$FEATURES" --example wikitext_60m --example generate
+cargo build --features "$FEATURES" --example wikitext_60m --example generate --example ablations \
+    --example compute_matched --example corpus_sensitivity --example mqar
 BIN="${CARGO_TARGET_DIR:-target}/debug/examples"
 W=("$BIN/wikitext_60m" --backend flex --preset tiny --tokenizer bytes --corpus shakespeare
     --eval-every 2 --eval-windows 2 --cache-dir "$OUT/cache")
@@ -56,3 +57,18 @@ grep -q 'note: --max-new-tokens 1000: .* room for 251 more' "$OUT/gen.log" \
     || fail "generate did not note the context cap:"$'\n'"$(cat "$OUT/gen.log")"
 grep -q '^251 tokens in' "$OUT/gen.log" || fail "generate did not stop at the context's end"
 echo "program_checks: generate notes and honours the context cap"
+
+# Every experiment file is a valid command of its program (nothing is trained: --print-command).
+for file in experiments/*.toml; do
+    program="$(sed -n 's/^program *= *"\([a-z0-9_]*\)".*/\1/p' "$file")"
+    [ -x "$BIN/$program" ] || fail "$file: no program \`$program\` among the built examples"
+    "$BIN/$program" "$file" --print-command > "$OUT/experiment.log" 2>&1 \
+        || fail "$file does not parse:"$'\n'"$(cat "$OUT/experiment.log")"
+done
+echo "program_checks: every experiment file parses for its program"
+# A typo in an experiment file names the file and the key.
+printf 'program = "ablations"\nmax_step = 10\n' > "$OUT/typo.toml"
+if "$BIN/ablations" "$OUT/typo.toml" > "$OUT/typo.log" 2>&1; then fail "a typo was accepted"; fi
+grep -q 'typo.toml: `max_step` is not a flag of `ablations`' "$OUT/typo.log" \
+    || fail "the typo's message:"$'\n'"$(cat "$OUT/typo.log")"
+echo "program_checks: a typo in an experiment file is refused naming the file and the key"

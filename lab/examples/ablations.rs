@@ -14,6 +14,7 @@
 //! when the program is run again, interrupted ones resume.
 
 use clap::Parser;
+use coupled_qk_lab::experiment::{ExperimentArgs, parse_args};
 use coupled_qk_lab::suite::{
     Budget, SuiteError, ablation_table, aggregate, command_line, dynamics_table, paired_table,
     paired_to_baselines, parse_variants, seed_table, spread_table, spread_tests, write_report,
@@ -51,6 +52,8 @@ struct Args {
     out: PathBuf,
     #[command(flatten)]
     budget: Budget,
+    #[command(flatten)]
+    experiment: ExperimentArgs,
 }
 
 /// The last line of a failed download: what runs with no network.
@@ -59,7 +62,7 @@ the harness:\n  cargo run --release --example ablations -- --corpus shakespeare 
 standard,euler --steps 1 --seeds 0 --max-steps 500 --devices 2";
 
 fn main() {
-    if let Err(e) = run(Args::parse()) {
+    if let Err(e) = run(parse_args::<Args>("ablations")) {
         eprintln!("error: {e}");
         if let Some(advice) = e.downcast_ref::<SuiteError>().and_then(SuiteError::advice) {
             eprintln!("{advice}");

@@ -11,6 +11,7 @@
 
 use clap::Parser;
 use coupled_qk::model::AttentionVariant;
+use coupled_qk_lab::experiment::{ExperimentArgs, parse_args};
 use coupled_qk_lab::suite::{
     Budget, SuiteError, command_line, first_reach, seed_table, write_report,
 };
@@ -45,6 +46,8 @@ struct Args {
     out: PathBuf,
     #[command(flatten)]
     budget: Budget,
+    #[command(flatten)]
+    experiment: ExperimentArgs,
 }
 
 /// The last line of a failed download: what runs with no network.
@@ -53,7 +56,7 @@ the harness:\n  cargo run --release --example compute_matched -- --corpus shakes
 --devices 2";
 
 fn main() {
-    if let Err(e) = run(Args::parse()) {
+    if let Err(e) = run(parse_args::<Args>("compute_matched")) {
         eprintln!("error: {e}");
         if let Some(advice) = e.downcast_ref::<SuiteError>().and_then(SuiteError::advice) {
             eprintln!("{advice}");

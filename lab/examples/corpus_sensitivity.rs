@@ -12,6 +12,7 @@
 //! Writes `results.md`, `results.json` and one `curves-<corpus>.svg` per corpus to `--out`.
 
 use clap::Parser;
+use coupled_qk_lab::experiment::{ExperimentArgs, parse_args};
 use coupled_qk_lab::suite::{
     Budget, SuiteError, aggregate, change_pct, command_line, paired, paired_table, parse_variants,
     seed_table, write_report,
@@ -39,6 +40,8 @@ struct Args {
     out: PathBuf,
     #[command(flatten)]
     budget: Budget,
+    #[command(flatten)]
+    experiment: ExperimentArgs,
 }
 
 /// The paper's changes in perplexity of coupled QK over standard attention.
@@ -49,7 +52,7 @@ const PAPER: [(&str, &str, f64); 3] = [
 ];
 
 fn main() {
-    if let Err(e) = run(Args::parse()) {
+    if let Err(e) = run(parse_args::<Args>("corpus_sensitivity")) {
         eprintln!("error: {e}");
         if let Some(advice) = e.downcast_ref::<SuiteError>().and_then(SuiteError::advice) {
             eprintln!("{advice}");

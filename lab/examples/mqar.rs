@@ -15,6 +15,7 @@ use clap::Parser;
 use coupled_qk::DynamicsConfig;
 use coupled_qk::model::AttentionVariant;
 use coupled_qk_lab::backend::{BackendChoice, MultiDeviceTask, dispatch_devices};
+use coupled_qk_lab::experiment::{ExperimentArgs, parse_args};
 use coupled_qk_lab::mqar::{Sweep, write_markdown, write_plot};
 use std::path::PathBuf;
 
@@ -73,6 +74,8 @@ struct Args {
     /// Seeds, comma-separated: every cell runs once per seed.
     #[arg(long, value_delimiter = ',', default_values_t = vec![0, 1])]
     seeds: Vec<u64>,
+    #[command(flatten)]
+    experiment: ExperimentArgs,
 }
 
 fn parse_task(s: &str) -> Result<(usize, usize), String> {
@@ -88,7 +91,7 @@ fn parse_task(s: &str) -> Result<(usize, usize), String> {
 }
 
 fn main() {
-    let args = Args::parse();
+    let args = parse_args::<Args>("mqar");
     let default_variants: Vec<AttentionVariant> = vec![
         DynamicsConfig::Standard.into(),
         DynamicsConfig::MlpOnly.into(),

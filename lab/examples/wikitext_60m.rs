@@ -21,6 +21,7 @@ use coupled_qk::AttentionKernel;
 use coupled_qk::model::{AttentionVariant, GptConfig, Preset};
 use coupled_qk_lab::backend::{BackendChoice, dispatch_devices_from};
 use coupled_qk_lab::data::{CorpusSource, LoadOptions, SplitOptions, TokenizerKind, load_corpus};
+use coupled_qk_lab::experiment::{ExperimentArgs, parse_args};
 use coupled_qk_lab::lm::{LossKind, RunOptions, TrainConfig, TrainingRun};
 use coupled_qk_lab::suite::variant_with_steps;
 use std::path::PathBuf;
@@ -127,6 +128,8 @@ struct Args {
     /// Fraction of documents held out for validation (JSONL and text corpora).
     #[arg(long, default_value_t = 0.1)]
     valid_fraction: f64,
+    #[command(flatten)]
+    experiment: ExperimentArgs,
 }
 
 /// Applies the flags to the preset's defaults. A flag that breaks a rule is refused; a preset
@@ -230,7 +233,7 @@ the harness:\n  cargo run --release --example wikitext_60m -- --preset tiny --to
 --corpus shakespeare --max-steps 300 --devices 2";
 
 fn main() {
-    let args = Args::parse();
+    let args = parse_args::<Args>("wikitext_60m");
     if let Err(e) = run(args) {
         eprintln!("error: {e}");
         let backend = e.downcast_ref::<coupled_qk_lab::backend::BackendError>();

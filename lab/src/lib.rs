@@ -12,6 +12,7 @@
 //!   compute-matched), their statistics and reports.
 //! - [`dist`]: data-parallel training across processes and machines (MPI with the feature
 //!   `mpi`).
+//! - [`experiment`]: experiments as files (a program's flags as TOML, `experiments/*.toml`).
 //! - [`mqar`]: multi-query associative recall (Zoology's synthetic benchmark).
 //! - [`backend`]: the backend a program runs on (`--backend flex|ndarray|wgpu|cuda`).
 //! - [`pretrained`]: GPT-2 checkpoints from a folder or the Hub, and the config they fit.
@@ -23,6 +24,7 @@ pub mod atomic;
 pub mod backend;
 pub mod data;
 pub mod dist;
+pub mod experiment;
 pub mod lm;
 pub mod mqar;
 pub mod plot;
