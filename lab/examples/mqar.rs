@@ -16,7 +16,7 @@ use coupled_qk::DynamicsConfig;
 use coupled_qk::model::AttentionVariant;
 use coupled_qk_lab::backend::{BackendChoice, MultiDeviceTask, dispatch_devices};
 use coupled_qk_lab::experiment::{ExperimentArgs, parse_args};
-use coupled_qk_lab::mqar::{Sweep, write_markdown, write_plot};
+use coupled_qk_lab::mqar::{MqarError, Sweep, write_markdown, write_plot};
 use std::path::PathBuf;
 
 #[derive(Parser, Debug)]
@@ -140,6 +140,9 @@ fn main() {
         Ok(results) => results,
         Err(e) => {
             eprintln!("error: {e}");
+            if let Some(advice) = e.downcast_ref::<MqarError>().and_then(advice) {
+                eprintln!("{advice}");
+            }
             std::process::exit(1);
         }
     };
@@ -198,16 +201,46 @@ fn run(
     sweep: &Sweep,
     out: &std::path::Path,
     args: &Args,
-) -> Result<coupled_qk_lab::mqar::SweepResults, String> {
-    dispatch_devices(
-        args.backend,
-        usize::from(args.devices),
-        Execute { sweep, out },
-    )
-    .map_err(|e| match e.advice() {
-        Some(advice) => format!("{e}\n{advice}"),
-        None => e.to_string(),
-    })?
+) -> Result<coupled_qk_lab::mqar::SweepResults, Box<dyn std::error::Error>> {
+    let task = Execute { sweep, out };
+    dispatch_devices(args.backend, usize::from(args.devices), task)
+        .map_err(|e| match e.advice() {
+            Some(advice) => format!("{e}\n{advice}"),
+            None => e.to_string(),
+        })?
+        .map_err(Into::into)
+}
+
+/// What to change on this program's command line for `e`.
+fn advice(e: &MqarError) -> Option<String> {
+    let flag = |field: &str| match field {
+        "n_heads" => "--heads",
+        "n_layers" => "--layers",
+        "steps" => "--steps",
+        "test_examples" => "--test-examples",
+        "train_examples" => "--train-examples",
+        "tasks" => "--tasks",
+        "variants" => "--variants",
+        "d_models" => "--d-models",
+        "lrs" => "--lrs",
+        "seeds" => "--seeds",
+        _ => "the settings",
+    };
+    Some(match e {
+        MqarError::Task { .. } => "change --tasks (and --vocab)".into(),
+        MqarError::Zero { field } | MqarError::Empty { field } => format!("set {}", flag(field)),
+        MqarError::BatchSize { .. } => "change --batch-size or --train-examples".into(),
+        MqarError::Width { .. } => "change --d-models or --heads".into(),
+        MqarError::LearningRate { .. } => "change --lrs".into(),
+        MqarError::Variant { .. } => {
+            "change --variants (with --steps-per-layer, give at least 1)".into()
+        }
+        MqarError::Devices { .. } => "change --batch-size or --devices".into(),
+        MqarError::OtherSweep { .. } | MqarError::NotResults { .. } => {
+            "pass another --out, or move the folder away to start over".into()
+        }
+        MqarError::Io { .. } => return None,
+    })
 }
 
 /// The sweep as work for any backend.
@@ -217,7 +250,7 @@ struct Execute<'a> {
 }
 
 impl MultiDeviceTask for Execute<'_> {
-    type Output = Result<coupled_qk_lab::mqar::SweepResults, String>;
+    type Output = Result<coupled_qk_lab::mqar::SweepResults, MqarError>;
     fn run<B: AutodiffBackend>(
         self,
         devices: Vec<B::Device>,

@@ -104,18 +104,25 @@ fn seeds_decide_the_data() {
 
 #[test]
 fn zoologys_constraints_give_clear_errors() {
-    for (task, needle) in [
-        (MqarTask::new(128, 63, 4), "even"),
-        (
-            MqarTask::new(64, 64, 4),
-            "vocab = 64 must exceed seq_len = 64",
-        ),
-        (MqarTask::new(128, 64, 17), "4·kv_pairs <= seq_len"),
-        (MqarTask::new(128, 64, 0), "kv_pairs = 0"),
+    use coupled_qk_lab::mqar::{MqarError, TaskRule};
+    for (task, expected) in [
+        (MqarTask::new(128, 63, 4), TaskRule::SeqLen),
+        (MqarTask::new(64, 64, 4), TaskRule::Vocab),
+        (MqarTask::new(128, 64, 17), TaskRule::KvPairs),
+        (MqarTask::new(128, 64, 0), TaskRule::KvPairs),
     ] {
         let err = task.validate().unwrap_err();
-        assert!(err.contains(needle), "{err}");
+        let message = err.to_string();
+        assert!(
+            matches!(err, MqarError::Task { rule, seq_len, .. } if rule == expected && seq_len == task.seq_len),
+            "{message}"
+        );
+        assert!(
+            message.contains(&format!("seq_len {}", task.seq_len)),
+            "{message}"
+        );
     }
+    assert!(MqarTask::new(128, 64, 4).validate().is_ok());
 }
 
 #[test]
@@ -223,7 +230,7 @@ fn a_sweep_resumes_and_refuses_a_different_one() {
     let err = other
         .execute::<Autodiff<Flex>>(&dir, std::slice::from_ref(&device))
         .unwrap_err();
-    assert!(err.contains("different sweep"), "{err}");
+    assert!(err.to_string().contains("different sweep"), "{err}");
     std::fs::remove_dir_all(dir).unwrap();
 }
 
@@ -314,16 +321,17 @@ fn a_sweep_refuses_a_batch_larger_than_its_examples_or_empty() {
     let device = Default::default();
     let devices = std::slice::from_ref(&device);
     let err = sweep.execute::<Autodiff<Flex>>(&dir, devices).unwrap_err();
+    let message = err.to_string();
     assert!(
-        err.contains("batch size 8") && err.contains("4 training examples"),
-        "{err}"
+        message.contains("batch_size = 8") && message.contains("train_examples = 4"),
+        "{message}"
     );
     let empty = Sweep {
         batch_size: 0,
         ..sweep.clone()
     };
     let err = empty.execute::<Autodiff<Flex>>(&dir, devices).unwrap_err();
-    assert!(err.contains("batch size 0"), "{err}");
+    assert!(err.to_string().contains("batch_size = 0"), "{err}");
     let uneven = Sweep {
         batch_size: 3,
         ..sweep
@@ -331,7 +339,11 @@ fn a_sweep_refuses_a_batch_larger_than_its_examples_or_empty() {
     let err = uneven
         .execute::<Autodiff<Flex>>(&dir, &[device, device])
         .unwrap_err();
-    assert!(err.contains("--devices 2") && err.contains("(3)"), "{err}");
+    let message = err.to_string();
+    assert!(
+        message.contains("batch_size = 3") && message.contains("devices (2)"),
+        "{message}"
+    );
     assert!(!dir.exists(), "nothing is written for a refused sweep");
 }
 
@@ -355,7 +367,7 @@ fn small_sweep() -> coupled_qk_lab::mqar::Sweep {
 }
 
 #[test]
-fn bad_settings_are_refused_before_any_work_naming_the_flag() {
+fn bad_settings_are_refused_before_any_work_naming_the_field() {
     use burn::backend::{Autodiff, Flex};
     use coupled_qk_lab::mqar::Sweep;
     let dir = std::env::temp_dir().join(format!("coupled-qk-sweep-flags-{}", std::process::id()));
@@ -368,70 +380,71 @@ fn bad_settings_are_refused_before_any_work_naming_the_flag() {
                 n_heads: 0,
                 ..base.clone()
             },
-            "--heads 0",
+            "n_heads = 0",
         ),
         (
             Sweep {
                 n_layers: 0,
                 ..base.clone()
             },
-            "--layers 0",
+            "n_layers = 0",
         ),
         (
             Sweep {
                 steps: 0,
                 ..base.clone()
             },
-            "--steps 0",
+            "steps = 0",
         ),
         (
             Sweep {
                 d_models: vec![0],
                 ..base.clone()
             },
-            "--d-models 0",
+            "d_models: 0 must",
         ),
         (
             Sweep {
                 d_models: vec![],
                 ..base.clone()
             },
-            "--d-models",
+            "d_models: give at least one value",
         ),
         (
             Sweep {
                 lrs: vec![0.0],
                 ..base.clone()
             },
-            "--lrs 0",
+            "lrs: 0 is not",
         ),
         (
             Sweep {
                 lrs: vec![-1e-3],
                 ..base.clone()
             },
-            "--lrs -0.001",
+            "lrs: -0.001",
         ),
         (
             Sweep {
                 lrs: vec![f64::NAN],
                 ..base.clone()
             },
-            "--lrs NaN",
+            "lrs: NaN",
         ),
         (
             Sweep {
                 variants: vec![euler0.with_steps(0)],
                 ..base.clone()
             },
-            "--steps-per-layer",
+            "variants: euler0",
         ),
     ];
-    for (sweep, flag) in cases {
+    for (sweep, field) in cases {
         let err = sweep
             .execute::<Autodiff<Flex>>(&dir, std::slice::from_ref(&device))
-            .unwrap_err();
-        assert!(err.contains(flag), "{flag}: {err}");
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(field), "{field}: {err}");
     }
     assert!(!dir.exists(), "nothing is written for a refused sweep");
 }

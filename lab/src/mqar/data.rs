@@ -1,5 +1,6 @@
 //! Multi-query associative recall (MQAR), after Zoology's `multiquery_ar` (Arora et al., 2023).
 
+use super::error::{MqarError, TaskRule};
 use rand::rngs::StdRng;
 use rand::seq::index::sample;
 use rand::{RngExt, SeedableRng};
@@ -49,33 +50,34 @@ impl MqarTask {
     }
 
     /// Checks Zoology's constraints.
-    pub fn validate(&self) -> Result<(), String> {
+    ///
+    /// # Errors
+    /// [`MqarError::Task`] naming the rule broken.
+    pub fn validate(&self) -> Result<(), MqarError> {
         let Self {
             vocab: v,
             seq_len: l,
             kv_pairs: d,
             ..
         } = *self;
-        if l == 0 || l % 2 != 0 {
-            return Err(format!("MQAR: seq_len = {l} must be even and > 0"));
+        let rule = if l == 0 || l % 2 != 0 {
+            Some(TaskRule::SeqLen)
+        } else if v <= l {
+            Some(TaskRule::Vocab)
+        } else if d == 0 || 4 * d > l {
+            Some(TaskRule::KvPairs)
+        } else {
+            None
+        };
+        match rule {
+            None => Ok(()),
+            Some(rule) => Err(MqarError::Task {
+                vocab: v,
+                seq_len: l,
+                kv_pairs: d,
+                rule,
+            }),
         }
-        if v <= l {
-            return Err(format!(
-                "MQAR: vocab = {v} must exceed seq_len = {l} (Zoology's constraint)"
-            ));
-        }
-        if d == 0 || 4 * d > l {
-            return Err(format!(
-                "MQAR: kv_pairs = {d} must be in 1..={} (4·kv_pairs <= seq_len = {l})",
-                l / 4
-            ));
-        }
-        if d >= v / 2 {
-            return Err(format!(
-                "MQAR: kv_pairs = {d} needs more than {d} keys: raise vocab = {v}"
-            ));
-        }
-        Ok(())
     }
 
     /// `n` examples drawn with `seed` (train and test sets use disjoint seeds).

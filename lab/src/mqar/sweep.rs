@@ -2,6 +2,7 @@
 //! finished run is saved at once, and a rerun skips it.
 
 use super::data::MqarTask;
+use super::error::MqarError;
 use super::train::{MqarRun, TrainOutcome, train};
 use crate::atomic;
 use burn::tensor::backend::AutodiffBackend;
@@ -86,61 +87,61 @@ impl Sweep {
         keys
     }
 
-    /// Checks every setting before any run starts; the error names the program's flag and the
-    /// rule.
-    pub fn validate(&self) -> Result<(), String> {
-        let at_least_one = |flag: &str, value: usize| match value {
-            0 => Err(format!("{flag} 0: must be at least 1")),
-            _ => Ok(()),
-        };
-        at_least_one("--heads", self.n_heads)?;
-        at_least_one("--layers", self.n_layers)?;
-        at_least_one("--steps", self.steps)?;
-        at_least_one("--test-examples", self.test_examples)?;
-        for (flag, len) in [
-            ("--tasks", self.tasks.len()),
-            ("--variants", self.variants.len()),
-            ("--d-models", self.d_models.len()),
-            ("--lrs", self.lrs.len()),
-            ("--seeds", self.seeds.len()),
+    /// Checks every setting before any run starts.
+    ///
+    /// # Errors
+    /// The first setting that cannot work, naming its field.
+    pub fn validate(&self) -> Result<(), MqarError> {
+        for (field, value) in [
+            ("n_heads", self.n_heads),
+            ("n_layers", self.n_layers),
+            ("steps", self.steps),
+            ("test_examples", self.test_examples),
+            ("eval_every", self.eval_every),
+        ] {
+            if value == 0 {
+                return Err(MqarError::Zero { field });
+            }
+        }
+        for (field, len) in [
+            ("tasks", self.tasks.len()),
+            ("variants", self.variants.len()),
+            ("d_models", self.d_models.len()),
+            ("lrs", self.lrs.len()),
+            ("seeds", self.seeds.len()),
         ] {
             if len == 0 {
-                return Err(format!("{flag}: give at least one value"));
+                return Err(MqarError::Empty { field });
             }
         }
         for &(seq_len, kv_pairs) in &self.tasks {
             MqarTask::new(self.vocab, seq_len, kv_pairs).validate()?;
         }
         if self.batch_size == 0 || self.train_examples < self.batch_size {
-            return Err(format!(
-                "batch size {} must be at least 1 and at most the {} training examples: \
-                 change --batch-size or --train-examples",
-                self.batch_size, self.train_examples
-            ));
+            return Err(MqarError::BatchSize {
+                batch_size: self.batch_size,
+                train_examples: self.train_examples,
+            });
         }
-        if self.eval_every == 0 {
-            return Err("evaluating every 0 steps: give a positive interval".into());
+        if let Some(&d_model) = self
+            .d_models
+            .iter()
+            .find(|&&d| d == 0 || !d.is_multiple_of(self.n_heads))
+        {
+            return Err(MqarError::Width {
+                d_model,
+                n_heads: self.n_heads,
+            });
         }
-        for &d in &self.d_models {
-            if d == 0 || !d.is_multiple_of(self.n_heads) {
-                return Err(format!(
-                    "--d-models {d}: must be a positive multiple of --heads {}",
-                    self.n_heads
-                ));
-            }
-        }
-        for &lr in &self.lrs {
-            if !(lr.is_finite() && lr > 0.0) {
-                return Err(format!(
-                    "--lrs {lr}: a learning rate must be finite and > 0"
-                ));
-            }
+        if let Some(&lr) = self.lrs.iter().find(|lr| !(lr.is_finite() && **lr > 0.0)) {
+            return Err(MqarError::LearningRate { lr });
         }
         for variant in &self.variants {
-            if let Err(e) = variant.dynamics().validate() {
-                return Err(format!(
-                    "variant {variant}: {e} (with --steps-per-layer, give at least 1)"
-                ));
+            if let Err(source) = variant.dynamics().validate() {
+                return Err(MqarError::Variant {
+                    variant: variant.to_string(),
+                    source,
+                });
             }
         }
         Ok(())
@@ -167,19 +168,21 @@ impl Sweep {
 
     /// Runs what `out/results.json` does not hold yet on `devices` (several: data-parallel),
     /// saving after every run.
+    ///
+    /// # Errors
+    /// An invalid sweep, a batch that does not split over the devices, an output folder holding
+    /// another sweep, and I/O errors.
     pub fn execute<B: AutodiffBackend>(
         &self,
         out: &Path,
         devices: &[B::Device],
-    ) -> Result<SweepResults, String> {
+    ) -> Result<SweepResults, MqarError> {
         self.validate()?;
         if devices.is_empty() || !self.batch_size.is_multiple_of(devices.len()) {
-            return Err(format!(
-                "--devices {}: the batch size ({}) must be divisible by the number of devices; \
-                 change --batch-size or --devices",
-                devices.len(),
-                self.batch_size
-            ));
+            return Err(MqarError::Devices {
+                batch_size: self.batch_size,
+                devices: devices.len(),
+            });
         }
         let path = out.join("results.json");
         let mut results = load(&path)?.unwrap_or_else(|| SweepResults {
@@ -187,10 +190,7 @@ impl Sweep {
             runs: Vec::new(),
         });
         if results.sweep != *self {
-            return Err(format!(
-                "{} holds a different sweep (other settings): pass another --out, or delete it to start over",
-                path.display()
-            ));
+            return Err(MqarError::OtherSweep { path });
         }
         let keys = self.keys();
         let todo: Vec<&RunKey> = keys
@@ -241,20 +241,28 @@ impl Sweep {
     }
 }
 
-fn load(path: &Path) -> Result<Option<SweepResults>, String> {
+fn load(path: &Path) -> Result<Option<SweepResults>, MqarError> {
     match std::fs::read_to_string(path) {
-        Ok(text) => serde_json::from_str(&text).map(Some).map_err(|e| {
-            format!(
-                "{} is not a results file of this program ({e}): move it away or pass another --out",
-                path.display()
-            )
-        }),
+        Ok(text) => serde_json::from_str(&text)
+            .map(Some)
+            .map_err(|e| MqarError::NotResults {
+                path: path.to_path_buf(),
+                message: e.to_string(),
+            }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(format!("cannot read {}: {e}", path.display())),
+        Err(source) => Err(MqarError::Io {
+            action: "read",
+            path: path.to_path_buf(),
+            source,
+        }),
     }
 }
 
-fn save(path: &Path, results: &SweepResults) -> Result<(), String> {
+fn save(path: &Path, results: &SweepResults) -> Result<(), MqarError> {
     let json = serde_json::to_vec_pretty(results).expect("results serialise");
-    atomic::write(path, &json).map_err(|e| format!("cannot write {}: {e}", path.display()))
+    atomic::write(path, &json).map_err(|source| MqarError::Io {
+        action: "write",
+        path: path.to_path_buf(),
+        source,
+    })
 }
