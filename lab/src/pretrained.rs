@@ -66,19 +66,67 @@ fn is_hub_id(s: &str) -> bool {
     )
 }
 
+/// Why a Hugging Face `config.json` does not give a GPT the crate computes.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Gpt2ConfigError {
+    /// Not JSON.
+    #[error("not JSON: {0}")]
+    NotJson(String),
+    /// Another architecture.
+    #[error("model_type is {0}, not \"gpt2\"")]
+    NotGpt2(String),
+    /// A size that is not a positive integer.
+    #[error("`{key}` is {found}, expected a positive integer")]
+    Size {
+        /// The key.
+        key: &'static str,
+        /// Its value, as JSON.
+        found: String,
+    },
+    /// A setting of GPT-2 that the crate's GPT does not compute.
+    #[error("`{key}` is {found}; the crate's GPT computes {supported} only")]
+    Unsupported {
+        /// The key.
+        key: &'static str,
+        /// Its value, as JSON.
+        found: String,
+        /// What the crate computes.
+        supported: &'static str,
+    },
+}
+
+impl Gpt2ConfigError {
+    /// The key of `config.json` involved, if one.
+    pub fn key(&self) -> Option<&'static str> {
+        match self {
+            Self::NotJson(_) => None,
+            Self::NotGpt2(_) => Some("model_type"),
+            Self::Size { key, .. } | Self::Unsupported { key, .. } => Some(key),
+        }
+    }
+}
+
 /// The [`GptConfig`] of a Hugging Face GPT-2 `config.json`, or why the crate's GPT cannot
 /// compute that model.
-pub fn gpt2_config(json: &str) -> Result<GptConfig, String> {
-    let c: serde_json::Value = serde_json::from_str(json).map_err(|e| format!("not JSON: {e}"))?;
+///
+/// # Errors
+/// Not JSON, not GPT-2, a size that is not a positive integer, or a setting the crate's GPT
+/// does not compute.
+pub fn gpt2_config(json: &str) -> Result<GptConfig, Gpt2ConfigError> {
+    let c: serde_json::Value =
+        serde_json::from_str(json).map_err(|e| Gpt2ConfigError::NotJson(e.to_string()))?;
     if c["model_type"].as_str() != Some("gpt2") {
-        return Err(format!("model_type is {}, not \"gpt2\"", c["model_type"]));
+        return Err(Gpt2ConfigError::NotGpt2(c["model_type"].to_string()));
     }
-    let size = |key: &str| {
+    let size = |key: &'static str| {
         c[key]
             .as_u64()
             .filter(|&v| v > 0)
             .map(|v| v as usize)
-            .ok_or_else(|| format!("`{key}` is {}, expected a positive integer", c[key]))
+            .ok_or_else(|| Gpt2ConfigError::Size {
+                key,
+                found: c[key].to_string(),
+            })
     };
     let (vocab, context, d, layers, heads) = (
         size("vocab_size")?,
@@ -87,28 +135,27 @@ pub fn gpt2_config(json: &str) -> Result<GptConfig, String> {
         size("n_layer")?,
         size("n_head")?,
     );
-    let unsupported = |key: &str, found: &serde_json::Value, supported: &str| {
-        Err(format!(
-            "`{key}` is {found}; the crate's GPT computes {supported} only"
-        ))
+    let unsupported = |key: &'static str, supported: &'static str| {
+        Err(Gpt2ConfigError::Unsupported {
+            key,
+            found: c[key].to_string(),
+            supported,
+        })
     };
     match c["activation_function"].as_str() {
         None | Some("gelu_new") | Some("gelu_pytorch_tanh") => {}
-        _ => return unsupported("activation_function", &c["activation_function"], "gelu_new"),
+        _ => return unsupported("activation_function", "gelu_new"),
     }
     if !(c["n_inner"].is_null() || c["n_inner"].as_u64() == Some(4 * d as u64)) {
-        return unsupported("n_inner", &c["n_inner"], "null (4 × n_embd)");
+        return unsupported("n_inner", "null (4 × n_embd)");
     }
-    for (key, supported) in [
-        ("scale_attn_by_inverse_layer_idx", false),
-        ("reorder_and_upcast_attn", false),
-    ] {
-        if c[key].as_bool().unwrap_or(supported) != supported {
-            return unsupported(key, &c[key], "false");
+    for key in ["scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"] {
+        if c[key].as_bool().unwrap_or(false) {
+            return unsupported(key, "false");
         }
     }
     if !c["tie_word_embeddings"].as_bool().unwrap_or(true) {
-        return unsupported("tie_word_embeddings", &c["tie_word_embeddings"], "true");
+        return unsupported("tie_word_embeddings", "true");
     }
     let epsilon = c["layer_norm_epsilon"].as_f64().unwrap_or(1e-5);
     Ok(GptConfig::gpt2(vocab, context, d, layers, heads).with_norm_epsilon(epsilon))
@@ -151,7 +198,8 @@ mod tests {
             let mut json: serde_json::Value = serde_json::from_str(GPT2_SMALL).unwrap();
             json[key] = value;
             let err = gpt2_config(&json.to_string()).unwrap_err();
-            assert!(err.contains(key), "{key}: {err}");
+            assert_eq!(err.key(), Some(key), "{err}");
+            assert!(err.to_string().contains(key), "{key}: {err}");
         }
     }
 

@@ -3,7 +3,6 @@
 //! honoured (hf-hub 0.4 reads them only through `ApiBuilder::from_env`).
 
 use super::DataError;
-use super::source::wikitext_hint;
 use hf_hub::api::sync::ApiBuilder;
 use hf_hub::{Repo, RepoType};
 use parquet::file::reader::{FileReader, SerializedFileReader};
@@ -281,4 +280,11 @@ pub fn read_parquet_text(path: &Path) -> Result<Vec<String>, DataError> {
         }
     }
     Ok(texts)
+}
+
+/// Where to put WikiText to run offline.
+pub fn wikitext_hint() -> String {
+    "Put WikiText's wiki.train.raw and wiki.valid.raw (or .tokens) in one folder and pass it with --data-dir, \
+     or run with network access to download Salesforce/wikitext from the Hugging Face Hub (HF_ENDPOINT selects a mirror)"
+        .into()
 }

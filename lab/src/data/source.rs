@@ -3,7 +3,7 @@
 //! a validation text.
 
 use super::DataError;
-use super::hub::{Hub, WikiText};
+use super::hub::{Hub, WikiText, wikitext_hint};
 use super::named::{EmbeddedCorpus, FetchedCorpus};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -233,13 +233,6 @@ pub fn read_wikitext_split(dir: &Path, split: &str) -> Result<String, DataError>
         path: dir.join(format!("wiki.{split}.raw")),
         hint: wikitext_hint(),
     })
-}
-
-/// Where to put WikiText to run offline.
-pub fn wikitext_hint() -> String {
-    "Put WikiText's wiki.train.raw and wiki.valid.raw (or .tokens) in one folder and pass it with --data-dir, \
-     or run with network access to download Salesforce/wikitext from the Hugging Face Hub (HF_ENDPOINT selects a mirror)"
-        .into()
 }
 
 /// UTF-8's byte-order mark.

@@ -3,6 +3,7 @@
 //! [`Gpt::dynamics_stats`](coupled_qk::model::Gpt::dynamics_stats)).
 
 use super::TrainError;
+use super::csv_row::{RowError, fields, number};
 use crate::plot::{Chart, Line, PlotError, write_charts};
 use coupled_qk::DynamicsStats;
 use std::path::{Path, PathBuf};
@@ -48,31 +49,27 @@ impl DynamicsRow {
     }
 
     /// Parses a line written by [`to_csv`](Self::to_csv).
-    pub fn parse(line: &str) -> Result<Self, String> {
-        let f: Vec<&str> = line.trim_end_matches('\r').split(',').collect();
-        if f.len() != 8 {
-            return Err(format!("expected 8 fields, found {}", f.len()));
-        }
-        fn num<T: std::str::FromStr>(name: &str, text: &str) -> Result<T, String> {
-            text.parse()
-                .map_err(|_| format!("{name} `{text}` is not a number"))
-        }
+    ///
+    /// # Errors
+    /// A row of another field count, or a field that is not a number.
+    pub fn parse(line: &str) -> Result<Self, RowError> {
+        let f = fields(line, 8)?;
         let dt = match f[3] {
             "" => Vec::new(),
             heads => heads
                 .split(';')
-                .map(|h| num("dt_heads", h))
+                .map(|h| number("dt_heads", h))
                 .collect::<Result<_, _>>()?,
         };
         Ok(DynamicsRow {
-            step: num("step", f[0])?,
-            layer: num("layer", f[1])?,
+            step: number("step", f[0])?,
+            layer: number("layer", f[1])?,
             stats: DynamicsStats {
                 dt,
-                q_change: num("q_change", f[4])?,
-                k_change: num("k_change", f[5])?,
-                entropy: num("entropy", f[6])?,
-                entropy_standard: num("entropy_standard", f[7])?,
+                q_change: number("q_change", f[4])?,
+                k_change: number("k_change", f[5])?,
+                entropy: number("entropy", f[6])?,
+                entropy_standard: number("entropy_standard", f[7])?,
             },
         })
     }

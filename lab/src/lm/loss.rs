@@ -20,15 +20,18 @@ pub enum LossKind {
     Explicit,
 }
 
+/// A name that is no [`LossKind`].
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown loss `{0}`: expected fused or explicit")]
+pub struct UnknownLoss(pub String);
+
 impl FromStr for LossKind {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownLoss;
+    fn from_str(s: &str) -> Result<Self, UnknownLoss> {
         match s {
             "fused" => Ok(Self::Fused),
             "explicit" => Ok(Self::Explicit),
-            other => Err(format!(
-                "unknown loss `{other}`: expected fused or explicit"
-            )),
+            other => Err(UnknownLoss(other.to_string())),
         }
     }
 }

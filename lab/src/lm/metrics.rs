@@ -3,6 +3,7 @@
 //! Numbers are written in Rust's shortest round-trip form, so reading a row back gives the very
 //! same `f64`s (the resume test compares losses bit for bit through this file).
 
+use super::csv_row::{RowError, fields, number};
 use super::{TrainError, Validation};
 use std::fs::File;
 use std::io::Write;
@@ -47,32 +48,28 @@ impl MetricsRow {
     }
 
     /// Parses a line written by [`to_csv`](Self::to_csv).
-    pub fn parse(line: &str) -> Result<Self, String> {
-        let fields: Vec<&str> = line.trim_end_matches('\r').split(',').collect();
-        if fields.len() != 9 {
-            return Err(format!("expected 9 fields, found {}", fields.len()));
-        }
-        fn num<T: std::str::FromStr>(name: &str, text: &str) -> Result<T, String> {
-            text.parse()
-                .map_err(|_| format!("{name} `{text}` is not a number"))
-        }
+    ///
+    /// # Errors
+    /// A row of another field count, or a field that is not a number.
+    pub fn parse(line: &str) -> Result<Self, RowError> {
+        let fields = fields(line, 9)?;
         let val = if fields[4].is_empty() {
             None
         } else {
             Some(Validation {
-                loss: num("val_loss", fields[4])?,
-                ppl: num("val_ppl", fields[5])?,
-                bpb: num("val_bpb", fields[6])?,
+                loss: number("val_loss", fields[4])?,
+                ppl: number("val_ppl", fields[5])?,
+                bpb: number("val_bpb", fields[6])?,
             })
         };
         Ok(MetricsRow {
-            step: num("step", fields[0])?,
-            tokens: num("tokens", fields[1])?,
-            lr: num("lr", fields[2])?,
-            train_loss: num("train_loss", fields[3])?,
+            step: number("step", fields[0])?,
+            tokens: number("tokens", fields[1])?,
+            lr: number("lr", fields[2])?,
+            train_loss: number("train_loss", fields[3])?,
             val,
-            tokens_per_s: num("tokens_per_s", fields[7])?,
-            elapsed_s: num("elapsed_s", fields[8])?,
+            tokens_per_s: number("tokens_per_s", fields[7])?,
+            elapsed_s: number("elapsed_s", fields[8])?,
         })
     }
 }

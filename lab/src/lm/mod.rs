@@ -5,6 +5,7 @@
 mod checkpoint;
 mod clip;
 mod config;
+mod csv_row;
 mod dynamics_log;
 mod error;
 mod eval;
@@ -28,10 +29,11 @@ pub use config::{
     BOOKKEEPING_FIELDS, CorpusInfo, FieldChange, InitWeights, OPTIMISER_FIELDS, RecordedChange,
     RunConfig, TrainConfig, differing_fields, fill_model_defaults,
 };
+pub use csv_row::RowError;
 pub use dynamics_log::{DYNAMICS_HEADER, DynamicsLog, DynamicsRow, write_dynamics_plot};
 pub use error::TrainError;
 pub use eval::{Validation, batch_loss, batch_nats, batch_tensors, evaluate};
-pub use loss::LossKind;
+pub use loss::{LossKind, UnknownLoss};
 pub use manifest::{Damage, MANIFEST_FILE, Verification, verify_checkpoint};
 pub use metrics::{HEADER, MetricsLog, MetricsRow, read_metrics, read_metrics_until};
 pub use parallel::{batch_gradients, sharded_gradients, share_of_rows};
