@@ -38,11 +38,11 @@ impl ConfigError {
 
 /// A dynamics or attention-variant name that does not parse (`DynamicsConfig` and
 /// `AttentionVariant`'s `FromStr`). The messages list the names that do, from
-/// [`DynamicsConfig::NAMES`](crate::DynamicsConfig::NAMES).
+/// [`DynamicsConfig::names`](crate::DynamicsConfig::names).
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum NameError {
     /// Not a dynamics name.
-    #[error("unknown dynamics `{0}`: expected {names} ({COUNTS})", names = crate::DynamicsConfig::NAMES.join(", "))]
+    #[error("unknown dynamics `{0}`: expected {names} ({COUNTS})", names = crate::DynamicsConfig::names().join(", "))]
     UnknownDynamics(String),
     /// Not an attention-variant name.
     #[error("unknown attention variant `{0}`: expected one of {names} ({COUNTS}; diff+ any of these, e.g. diff+euler1)", names = crate::AttentionVariant::names().collect::<Vec<_>>().join(", "))]
@@ -59,7 +59,9 @@ pub enum NameError {
         prefix: String,
     },
     /// A count on a name that takes none (`standard2`).
-    #[error("`{0}`: only euler and leapfrog take a step count (and affine a layer count)")]
+    #[error(
+        "`{0}`: only integrators (euler, leapfrog, …) take a step count, and affine a layer count"
+    )]
     CountNotTaken(String),
     /// A count that is not a number (or does not fit one).
     #[error("`{name}`: the {count} count `{digits}` is not a number")]

@@ -53,7 +53,9 @@ pub use attention::{
 pub use coupling::{CouplingNet, CouplingNetConfig};
 pub use dynamics::{AffineCoupling, CoupledDynamics, DynamicsConfig, Identity, QkDynamics};
 pub use error::{ConfigError, NameError};
-pub use integrator::{Euler, Integrator, IntegratorKind, Leapfrog, PhaseSpace};
+pub use integrator::{
+    Euler, Integrator, IntegratorKind, Leapfrog, PhaseSpace, RegisterError, register_integrator,
+};
 pub use model::AttentionVariant;
 pub use step_size::{StepSize, StepSizeConfig};
 

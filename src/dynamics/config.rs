@@ -52,7 +52,8 @@ impl Default for DynamicsConfig {
 
 impl DynamicsConfig {
     /// The names [`FromStr`] takes, as a user would write them (`euler` and `leapfrog` take a step
-    /// count: `euler3`).
+    /// count: `euler3`), with the built-in integrators; [`names`](Self::names) adds the
+    /// registered ones.
     pub const NAMES: [&'static str; 6] = [
         "standard",
         "mlp-only",
@@ -62,10 +63,20 @@ impl DynamicsConfig {
         "affine-uncoupled",
     ];
 
+    /// Every name [`FromStr`] takes: [`NAMES`](Self::NAMES) with the integrators registered by
+    /// [`register_integrator`](crate::integrator::register_integrator) after the built-in ones.
+    pub fn names() -> Vec<&'static str> {
+        let integrators = IntegratorKind::all();
+        let mut names = vec![Self::NAMES[0], Self::NAMES[1]];
+        names.extend(integrators.iter().map(|k| k.name()));
+        names.extend([AFFINE, AFFINE_UNCOUPLED]);
+        names
+    }
+
     /// `steps` forward-Euler steps.
     pub fn euler(steps: usize) -> Self {
         Self::Coupled {
-            integrator: IntegratorKind::Euler,
+            integrator: IntegratorKind::EULER,
             steps,
         }
     }
@@ -90,7 +101,7 @@ impl DynamicsConfig {
     /// `steps` leapfrog steps.
     pub fn leapfrog(steps: usize) -> Self {
         Self::Coupled {
-            integrator: IntegratorKind::Leapfrog,
+            integrator: IntegratorKind::LEAPFROG,
             steps,
         }
     }
@@ -128,10 +139,6 @@ impl DynamicsConfig {
     }
 }
 
-/// The built-in integrators, whose names ([`Integrator::name`](crate::Integrator::name)) the
-/// coupled variants take.
-const INTEGRATORS: [IntegratorKind; 2] = [IntegratorKind::Euler, IntegratorKind::Leapfrog];
-
 /// The affine coupling's name, and its uncoupled control's.
 const AFFINE: &str = "affine";
 const AFFINE_UNCOUPLED: &str = "affine-uncoupled";
@@ -150,7 +157,7 @@ impl fmt::Display for DynamicsConfig {
                 coupled: false,
             } => write!(f, "{AFFINE_UNCOUPLED}{layers}"),
             Self::Coupled { integrator, steps } => {
-                write!(f, "{}{steps}", integrator.build().name())
+                write!(f, "{}{steps}", integrator.name())
             }
         }
     }
@@ -183,7 +190,7 @@ impl FromStr for DynamicsConfig {
             what,
             count,
         };
-        let integrator = INTEGRATORS.into_iter().find(|k| k.build().name() == base);
+        let integrator = IntegratorKind::named(base);
         match (base, integrator) {
             (_, Some(integrator)) => match count("step")? {
                 0 => Err(zero("a coupled variant", "integrator step")),

@@ -266,18 +266,18 @@ mod tests {
                 unreachable!()
             };
             for _ in 0..*steps {
-                (q_ref, k_ref) = match kind {
-                    IntegratorKind::Euler => (
+                (q_ref, k_ref) = if kind == IntegratorKind::EULER {
+                    (
                         q_ref.clone() + dt4.clone() * k_ref.clone(),
                         k_ref + dt4.clone() * f.forward(q_ref),
-                    ),
-                    IntegratorKind::Leapfrog => {
-                        let half = dt4.clone() / 2.0;
-                        let k_half = k_ref + half.clone() * f.forward(q_ref.clone());
-                        let q_next = q_ref + dt4.clone() * k_half.clone();
-                        let k_next = k_half + half * f.forward(q_next.clone());
-                        (q_next, k_next)
-                    }
+                    )
+                } else {
+                    assert_eq!(kind, IntegratorKind::LEAPFROG);
+                    let half = dt4.clone() / 2.0;
+                    let k_half = k_ref + half.clone() * f.forward(q_ref.clone());
+                    let q_next = q_ref + dt4.clone() * k_half.clone();
+                    let k_next = k_half + half * f.forward(q_next.clone());
+                    (q_next, k_next)
                 };
             }
             for (got, expected) in [(&q1, &q_ref), (&k1, &k_ref)] {

@@ -21,15 +21,15 @@
 mod euler;
 mod leapfrog;
 mod phase;
+mod registry;
 
 pub use euler::Euler;
 pub use leapfrog::Leapfrog;
 pub use phase::{Integration, TensorPhaseSpace, integrate};
+pub use registry::{IntegratorBuilder, IntegratorKind, RegisterError, register_integrator};
 
-use serde::{Deserialize, Serialize};
 use std::any::Any;
 use std::fmt::Debug;
-use std::sync::Arc;
 
 /// A force `F = f(q)` evaluated by a [`PhaseSpace`], to be applied by [`PhaseSpace::kick`].
 ///
@@ -92,24 +92,4 @@ pub trait Integrator: Debug + Send + Sync {
 
     /// Advances `space` by one step of its `dt`.
     fn step(&self, space: &mut dyn PhaseSpace);
-}
-
-/// The built-in integrators, by the name experiment configs use (`"euler"`, `"leapfrog"`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum IntegratorKind {
-    /// [`Euler`]: forward Euler.
-    Euler,
-    /// [`Leapfrog`]: kick-drift-kick (the paper's "Hamiltonian" variant).
-    Leapfrog,
-}
-
-impl IntegratorKind {
-    /// The integrator this name stands for.
-    pub fn build(self) -> Arc<dyn Integrator> {
-        match self {
-            IntegratorKind::Euler => Arc::new(Euler),
-            IntegratorKind::Leapfrog => Arc::new(Leapfrog),
-        }
-    }
 }

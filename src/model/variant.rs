@@ -40,10 +40,10 @@ impl Default for AttentionVariant {
 
 impl AttentionVariant {
     /// The names [`FromStr`] takes, as a user would write them (`euler` and `leapfrog` take a step
-    /// count: `euler3`), in the order of the paper's table: [`DynamicsConfig::NAMES`], then
+    /// count: `euler3`), in the order of the paper's table: [`DynamicsConfig::names`], then
     /// `diff`; any dynamics name after `diff+` gives differential attention with them.
     pub fn names() -> impl Iterator<Item = &'static str> {
-        DynamicsConfig::NAMES.into_iter().chain([DIFFERENTIAL])
+        DynamicsConfig::names().into_iter().chain([DIFFERENTIAL])
     }
 
     /// Plain differential attention.
