@@ -16,7 +16,7 @@
 use clap::Parser;
 use coupled_qk_lab::experiment::{ExperimentArgs, parse_args};
 use coupled_qk_lab::suite::{
-    Budget, SuiteError, ablation_table, aggregate, command_line, dynamics_table, paired_table,
+    Budget, ablation_table, aggregate, command_line, dynamics_table, paired_table,
     paired_to_baselines, parse_variants, seed_table, spread_table, spread_tests, write_report,
 };
 use std::path::PathBuf;
@@ -63,11 +63,7 @@ standard,euler --steps 1 --seeds 0 --max-steps 500 --devices 2";
 
 fn main() {
     if let Err(e) = run(parse_args::<Args>("ablations")) {
-        eprintln!("error: {e}");
-        if let Some(advice) = e.downcast_ref::<SuiteError>().and_then(SuiteError::advice) {
-            eprintln!("{advice}");
-        }
-        std::process::exit(1);
+        coupled_qk_lab::cli::exit_with(&*e);
     }
 }
 

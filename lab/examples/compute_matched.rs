@@ -12,9 +12,7 @@
 use clap::Parser;
 use coupled_qk::model::AttentionVariant;
 use coupled_qk_lab::experiment::{ExperimentArgs, parse_args};
-use coupled_qk_lab::suite::{
-    Budget, SuiteError, command_line, first_reach, seed_table, write_report,
-};
+use coupled_qk_lab::suite::{Budget, command_line, first_reach, seed_table, write_report};
 use std::fmt::Write;
 use std::path::PathBuf;
 
@@ -57,11 +55,7 @@ the harness:\n  cargo run --release --example compute_matched -- --corpus shakes
 
 fn main() {
     if let Err(e) = run(parse_args::<Args>("compute_matched")) {
-        eprintln!("error: {e}");
-        if let Some(advice) = e.downcast_ref::<SuiteError>().and_then(SuiteError::advice) {
-            eprintln!("{advice}");
-        }
-        std::process::exit(1);
+        coupled_qk_lab::cli::exit_with(&*e);
     }
 }
 

@@ -14,8 +14,8 @@
 use clap::Parser;
 use coupled_qk_lab::experiment::{ExperimentArgs, parse_args};
 use coupled_qk_lab::suite::{
-    Budget, SuiteError, aggregate, change_pct, command_line, paired, paired_table, parse_variants,
-    seed_table, write_report,
+    Budget, aggregate, change_pct, command_line, paired, paired_table, parse_variants, seed_table,
+    write_report,
 };
 use std::fmt::Write;
 use std::path::PathBuf;
@@ -53,11 +53,7 @@ const PAPER: [(&str, &str, f64); 3] = [
 
 fn main() {
     if let Err(e) = run(parse_args::<Args>("corpus_sensitivity")) {
-        eprintln!("error: {e}");
-        if let Some(advice) = e.downcast_ref::<SuiteError>().and_then(SuiteError::advice) {
-            eprintln!("{advice}");
-        }
-        std::process::exit(1);
+        coupled_qk_lab::cli::exit_with(&*e);
     }
 }
 

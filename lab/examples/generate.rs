@@ -63,8 +63,7 @@ struct Args {
 
 fn main() {
     if let Err(e) = run(Args::parse()) {
-        eprintln!("error: {e}");
-        std::process::exit(1);
+        coupled_qk_lab::cli::exit_with(&*e);
     }
 }
 

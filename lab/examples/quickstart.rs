@@ -17,7 +17,7 @@ use coupled_qk::model::Preset;
 use coupled_qk_lab::backend::BackendChoice;
 use coupled_qk_lab::data::TokenizerKind;
 use coupled_qk_lab::suite::{
-    Budget, SuiteError, ablation_table, aggregate, command_line, paired_table, paired_to_baselines,
+    Budget, ablation_table, aggregate, command_line, paired_table, paired_to_baselines,
     parse_variants, seed_table, write_report,
 };
 use std::path::PathBuf;
@@ -49,11 +49,7 @@ struct Args {
 
 fn main() {
     if let Err(e) = run(Args::parse()) {
-        eprintln!("error: {e}");
-        if let Some(advice) = e.downcast_ref::<SuiteError>().and_then(SuiteError::advice) {
-            eprintln!("{advice}");
-        }
-        std::process::exit(1);
+        coupled_qk_lab::cli::exit_with(&*e);
     }
 }
 

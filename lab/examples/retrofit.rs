@@ -99,12 +99,7 @@ struct Args {
 
 fn main() {
     if let Err(e) = run(Args::parse()) {
-        eprintln!("error: {e}");
-        let backend = e.downcast_ref::<coupled_qk_lab::backend::BackendError>();
-        if let Some(advice) = backend.and_then(|e| e.advice()) {
-            eprintln!("{advice}");
-        }
-        std::process::exit(1);
+        coupled_qk_lab::cli::exit_with(&*e);
     }
 }
 

@@ -235,12 +235,7 @@ the harness:\n  cargo run --release --example wikitext_60m -- --preset tiny --to
 fn main() {
     let args = parse_args::<Args>("wikitext_60m");
     if let Err(e) = run(args) {
-        eprintln!("error: {e}");
-        let backend = e.downcast_ref::<coupled_qk_lab::backend::BackendError>();
-        if let Some(advice) = backend.and_then(|e| e.advice()) {
-            eprintln!("{advice}");
-        }
-        std::process::exit(1);
+        coupled_qk_lab::cli::exit_with(&*e);
     }
 }
 

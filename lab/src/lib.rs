@@ -14,6 +14,7 @@
 //!   `mpi`).
 //! - [`experiment`]: experiments as files (a program's flags as TOML, `experiments/*.toml`).
 //! - [`mqar`]: multi-query associative recall (Zoology's synthetic benchmark).
+//! - [`cli`]: what the programs tell their users: errors with advice in terms of their flags.
 //! - [`backend`]: the backend a program runs on (`--backend flex|ndarray|wgpu|cuda`).
 //! - [`pretrained`]: GPT-2 checkpoints from a folder or the Hub, and the config they fit.
 //! - [`plot`], [`schedule`], [`atomic`], [`alloc`]: line charts as SVG, the learning-rate
@@ -22,6 +23,7 @@
 pub mod alloc;
 pub mod atomic;
 pub mod backend;
+pub mod cli;
 pub mod data;
 pub mod dist;
 pub mod experiment;

@@ -327,14 +327,21 @@ fn every_bad_input_gets_an_error_that_names_it() {
         variant: WikiText::Local,
         dir: Some(dir.join("wiki")),
     };
-    let e = msg(read_corpus(&wiki, split, &hub).unwrap_err());
-    assert!(e.contains("wiki") && e.contains("--data-dir"), "{e}");
+    let err = read_corpus(&wiki, split, &hub).unwrap_err();
+    let advice = coupled_qk_lab::cli::advice(&err).unwrap_or_default();
+    let e = msg(err);
+    assert!(
+        e.contains("wiki") && advice.contains("--data-dir"),
+        "{e}\n{advice}"
+    );
     std::fs::create_dir_all(dir.join("wiki")).unwrap();
     std::fs::write(dir.join("wiki/wiki.valid.raw"), "only validation").unwrap();
-    let e = msg(read_corpus(&wiki, split, &hub).unwrap_err());
+    let err = read_corpus(&wiki, split, &hub).unwrap_err();
+    let advice = coupled_qk_lab::cli::advice(&err).unwrap_or_default();
+    let e = msg(err);
     assert!(
-        e.contains("wiki.train.raw") && e.contains("--data-dir"),
-        "{e}"
+        e.contains("wiki.train.raw") && advice.contains("--data-dir"),
+        "{e}\n{advice}"
     );
 
     let empty = dir.join("empty.txt");
@@ -572,9 +579,10 @@ fn failed_downloads_name_the_url_and_leave_nothing_usable() {
         text.contains(&server.endpoint()) && text.contains(WIKI2_VALID) && text.contains("404"),
         "{text}"
     );
+    let advice = coupled_qk_lab::cli::advice(&e).unwrap_or_default();
     assert!(
-        text.contains("--data-dir"),
-        "says how to run offline: {text}"
+        text.contains("WikiText folder") && advice.contains("--data-dir"),
+        "says how to run offline: {text}\n{advice}"
     );
 
     // No server at all.

@@ -734,7 +734,8 @@ fn a_fresh_run_refuses_a_folder_of_other_files_unless_forced() {
     let config = tiny(2);
     let err = train_with::<B>(&config, &corpus, &dir, &quiet(), &device).unwrap_err();
     assert!(matches!(err, TrainError::FolderNotEmpty { .. }), "{err}");
-    assert!(err.to_string().contains("--force"), "{err}");
+    let advice = coupled_qk_lab::cli::advice(&err).unwrap();
+    assert!(advice.contains("--force"), "{advice}");
     assert_eq!(
         std::fs::read_to_string(dir.join("metrics.csv")).unwrap(),
         "someone else's data\n",

@@ -163,7 +163,7 @@ impl Hub {
     pub fn wikitext_split(&self, variant: WikiText, split: &str) -> Result<String, DataError> {
         if variant == WikiText::Local {
             return Err(DataError::Invalid(
-                "a local WikiText needs its folder (--data-dir)".into(),
+                "a local WikiText needs its folder".into(),
             ));
         }
         let mut text = String::new();
@@ -284,7 +284,7 @@ pub fn read_parquet_text(path: &Path) -> Result<Vec<String>, DataError> {
 
 /// Where to put WikiText to run offline.
 pub fn wikitext_hint() -> String {
-    "Put WikiText's wiki.train.raw and wiki.valid.raw (or .tokens) in one folder and pass it with --data-dir, \
-     or run with network access to download Salesforce/wikitext from the Hugging Face Hub (HF_ENDPOINT selects a mirror)"
+    "Put WikiText's wiki.train.raw and wiki.valid.raw (or .tokens) in one folder and give it as the \
+     WikiText folder, or run with network access to download Salesforce/wikitext from the Hugging Face Hub (HF_ENDPOINT selects a mirror)"
         .into()
 }

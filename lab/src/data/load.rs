@@ -122,7 +122,7 @@ pub fn load_corpus(
                 // Losing the cache costs the next run time, not this run its data.
                 if let Err(e) = options.cache.store(&key, tokenizer.id(), hash, &ids) {
                     eprintln!(
-                        "warning: {e}; continuing without a token cache (set --cache-dir or COUPLED_QK_CACHE to a writable folder)"
+                        "warning: {e}; continuing without a token cache (point the cache, COUPLED_QK_CACHE, at a writable folder)"
                     );
                 }
                 ids

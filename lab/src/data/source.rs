@@ -85,7 +85,7 @@ impl CorpusSource {
             (source, None) => Ok(source),
             (CorpusSource::WikiText { .. }, Some(dir)) if dir.is_file() => {
                 Err(DataError::Invalid(format!(
-                    "--data-dir {} is a file: give the folder that holds \
+                    "the WikiText folder {} is a file: give the folder that holds \
                      wiki.{{train,valid}}.{{raw,tokens}}",
                     dir.display()
                 )))
@@ -95,8 +95,8 @@ impl CorpusSource {
                 dir: Some(dir),
             }),
             (source, Some(dir)) => Err(DataError::Invalid(format!(
-                "--data-dir {} is for WikiText (--corpus wikitext-103 or wikitext-2), not for {}; \
-                 pass other corpora as --corpus PATH",
+                "a data folder ({}) is for WikiText (wikitext-103 or wikitext-2) only, not for \
+                 {}; give other corpora by their path",
                 dir.display(),
                 source.describe()
             ))),

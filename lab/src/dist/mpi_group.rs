@@ -96,7 +96,7 @@ fn watchdog(watch: &Watch, timeout: Duration, name: &str, can_abort: bool) {
             eprintln!(
                 "error: {name}: no answer from the other ranks for {:.0} s in {operation}: a \
                  rank has died or hangs; aborting the job (the run folder keeps its last \
-                 checkpoint: resume it with --resume)",
+                 checkpoint to resume from)",
                 since.elapsed().as_secs_f64()
             );
             if can_abort {

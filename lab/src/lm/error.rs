@@ -44,7 +44,7 @@ pub enum TrainError {
     },
     /// A fresh run into a folder that already holds one.
     #[error(
-        "{} already holds a run ({}); resume it (--resume) or choose another output folder",
+        "{} already holds a run ({}); resume it or choose another output folder",
         path.display(),
         what
     )]
@@ -58,7 +58,7 @@ pub enum TrainError {
     /// them (`metrics.csv`, `summary.json`, `loss.svg`) and prune checkpoints it did not write.
     #[error(
         "{} is not empty and holds no run ({} among its files); choose an empty or new output \
-         folder, or pass --force to train into it anyway",
+         folder, or force the run into it",
         path.display(),
         first
     )]
@@ -86,7 +86,7 @@ pub enum TrainError {
         "cannot resume the run in {}: the new config differs from its config.json in {}. \
          Resume with the run's own settings, or start a new output folder (the optimiser's \
          settings, lr, warmup_steps, grad_clip, max_steps, min_lr_ratio and weight_decay, may \
-         change on resume where the program allows it, as wikitext_60m --resume does)",
+         change on resume where the program allows it)",
         path.display(),
         changes.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(", ")
     )]
@@ -160,7 +160,7 @@ pub enum TrainError {
         match checkpoint {
             Some(path) => format!(
                 "The last good checkpoint, {}, is kept; resume from it with a lower learning \
-                 rate or a longer warmup (wikitext_60m: --resume --lr …)",
+                 rate or a longer warmup",
                 path.display()
             ),
             None => "No checkpoint was written before it; lower the learning rate (or raise the \

@@ -1,0 +1,76 @@
+//! What the example programs tell their users: an error, then what to change on their command
+//! line. The library's errors name settings and files; only this module (with the flag groups the
+//! programs share, [`Budget`](crate::suite::Budget) and [`BackendChoice`](crate::backend::BackendChoice))
+//! speaks of the programs' flags.
+
+use crate::backend::BackendError;
+use crate::data::DataError;
+use crate::lm::TrainError;
+use crate::suite::SuiteError;
+use std::error::Error;
+
+/// What to change on the programs' command line for `error`, if anything: for the harness's own
+/// errors (training, data, backend, suite), found through the error's sources.
+pub fn advice(error: &(dyn Error + 'static)) -> Option<String> {
+    let mut current = Some(error);
+    while let Some(e) = current {
+        if let Some(e) = e.downcast_ref::<TrainError>() {
+            return train_advice(e);
+        }
+        if let Some(e) = e.downcast_ref::<DataError>() {
+            return data_advice(e);
+        }
+        if let Some(e) = e.downcast_ref::<BackendError>() {
+            return e.advice().map(str::to_string);
+        }
+        if let Some(e) = e.downcast_ref::<SuiteError>() {
+            return e.advice().map(str::to_string);
+        }
+        current = e.source();
+    }
+    None
+}
+
+/// Prints `error: …` and its [`advice`] on stderr, and exits with status 1.
+pub fn exit_with(error: &(dyn Error + 'static)) -> ! {
+    eprintln!("error: {error}");
+    if let Some(advice) = advice(error) {
+        eprintln!("{advice}");
+    }
+    std::process::exit(1)
+}
+
+fn train_advice(e: &TrainError) -> Option<String> {
+    Some(match e {
+        TrainError::RunExists { .. } => "continue it with --resume, or give another --out".into(),
+        TrainError::FolderNotEmpty { .. } => {
+            "give an empty or new --out, or pass --force to train into this one".into()
+        }
+        TrainError::ConfigMismatch { .. } => "wikitext_60m may change --lr, --warmup and \
+             --max-steps (or --tokens) on --resume; other changes need a new --out"
+            .into(),
+        TrainError::NonFinite {
+            checkpoint: Some(_),
+            ..
+        } => "--resume with a lower --lr (or a longer --warmup)".into(),
+        TrainError::NonFinite { .. } => "start again with a lower --lr or a longer --warmup".into(),
+        TrainError::Data(e) => return data_advice(e),
+        _ => return None,
+    })
+}
+
+fn data_advice(e: &DataError) -> Option<String> {
+    match e {
+        DataError::NotFound { hint, .. } | DataError::Download { hint, .. }
+            if hint.contains("WikiText") =>
+        {
+            Some(
+                "offline: give the folder of WikiText's wiki.train.raw and wiki.valid.raw with \
+                 --data-dir DIR, or another corpus with --corpus (shakespeare ships with the \
+                 repository)"
+                    .into(),
+            )
+        }
+        _ => None,
+    }
+}
