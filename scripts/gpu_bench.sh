@@ -13,7 +13,7 @@
 # exist, without building or running anything (CI runs it). The corpus must be reachable: the
 # default, wikitext-103, is downloaded from the Hugging Face Hub on first use; offline, pass a
 # local one (`--corpus sotu`, or a WikiText folder with `--data-dir` in
-# EXTRA_FLAGS). The expected times are estimates from the CPU figures in docs/performance.md:
+# EXTRA_FLAGS). The expected times are estimates from the CPU figures in results/performance.md:
 # this script has not yet been run on a GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."

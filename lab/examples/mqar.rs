@@ -115,7 +115,7 @@ fn main() {
             ..base(&args, default_variants)
         }
     } else {
-        // Sized for about 20 minutes on 2 CPU cores (see docs/results.md): one cell, one width,
+        // Sized for about 20 minutes on 2 CPU cores (see results/results.md): one cell, one width,
         // two learning rates (the best per cell is reported, as Zoology does), two seeds. At
         // 3e-3 whether a run leaves the 1/kv_pairs plateau depends on the seed; at 1e-3 every
         // seed tried did, for standard and Euler alike; at 1e-2 none did. At 3000 steps every

@@ -10,13 +10,13 @@
 //! Configurations: `tiny` (the preset: d 128, 4 layers, 4 heads, context 256; batch 16, vocab 256),
 //! `torch-small` (d 128, 4 layers, 4 heads, seq 128, batch 16, vocab 512) and `torch-medium`
 //! (d 256, 4 layers, 4 heads, seq 256, batch 8, vocab 8192), the two shapes of the PyTorch
-//! eager reference figures in docs/performance.md (11.8k and 2.1k tokens/s on 2 threads), `long`
+//! eager reference figures in results/performance.md (11.8k and 2.1k tokens/s on 2 threads), `long`
 //! (d 128, 4 layers, 4 heads, context 1024, batch 4, vocab 256), `layer-60m` (one attention layer of
 //! the 60m preset, d 576, 9 heads, seq 512, batch 8, under AdamW with a squared-output loss; with
 //! burn-nn's `MultiHeadAttention` beside the crate's variants), and with `--with-60m` the whole
 //! `60m` preset (batch 8 × 512, GPT-2 vocabulary). The whole models train on the fused loss (as
 //! the training loop does by default); `--loss explicit` takes the explicit `log_softmax` path
-//! and `--loss fused,explicit` runs every variant with both (docs/performance.md, "Fused linear
+//! and `--loss fused,explicit` runs every variant with both (results/performance.md, "Fused linear
 //! cross-entropy"). Attention is scored with the flash kernel, as in training;
 //! `--attention-kernel explicit` keeps the weights for the backward pass (`explicit,flash`: both).
 //!

@@ -103,7 +103,7 @@ struct Args {
     backend: BackendChoice,
     /// Train data-parallel on this many devices (CUDA devices 0..N, or WGPU's discrete GPUs 0..N;
     /// on the CPU, N worker threads sharing it, faster than one: Flex runs elementwise kernels on
-    /// one thread, see docs/performance.md). Each takes batch_size / N rows of every micro-batch.
+    /// one thread, see results/performance.md). Each takes batch_size / N rows of every micro-batch.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
     devices: u16,
     /// Under an MPI launcher (a build with --features mpi): how long a rank waits for the others

@@ -4,7 +4,7 @@
 //! Why not the system allocator: a training step allocates and frees tensors of tens of MB many
 //! times. glibc's malloc serves each of those with a fresh `mmap` and returns it with `munmap`, so
 //! every step page-faults its memory in again. A training step of one 60m-shape layer on Flex
-//! took 1.13–1.25 s with glibc's malloc and 0.74–0.93 s with mimalloc (docs/performance.md).
+//! took 1.13–1.25 s with glibc's malloc and 0.74–0.93 s with mimalloc (results/performance.md).
 //! Flex keeps no pool of its own, so the counter sees every tensor.
 //!
 //! The first allocation also tells mimalloc to keep freed memory rather than return it to the
@@ -12,7 +12,7 @@
 //! `MIMALLOC_PURGE_DELAY` or in any spelling mimalloc reads): a training step frees and
 //! allocates the same few hundred MB every step, and returned memory came back as page faults
 //! and page zeroing (18.5% of the samples of a 60m-layer Euler-3 run). A trainer holds its peak
-//! memory anyway. Measured in docs/performance.md.
+//! memory anyway. Measured in results/performance.md.
 
 use mimalloc::MiMalloc;
 use std::alloc::{GlobalAlloc, Layout};

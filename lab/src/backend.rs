@@ -13,7 +13,7 @@ pub enum BackendChoice {
     /// The best compiled and working one: CUDA, then WGPU when its adapter is a GPU (not a CPU
     /// driver such as llvmpipe), then Flex.
     Auto,
-    /// Flex, the fastest CPU backend (docs/performance.md compares it with NdArray).
+    /// Flex, the fastest CPU backend (results/performance.md compares it with NdArray).
     Flex,
     /// NdArray, Burn's other CPU backend: needs `--features ndarray`.
     NdArray,
@@ -163,7 +163,7 @@ fn cpu_workers(count: usize) -> String {
     match count {
         1 if threads > 1 => format!(
             "{threads} threads; --devices N runs N data-parallel workers, faster on a CPU \
-             (2 on 2 cores measured: docs/performance.md; N must divide the batch size)"
+             (2 on 2 cores measured: results/performance.md; N must divide the batch size)"
         ),
         1 => format!("{threads} threads"),
         n => format!("{threads} threads; {n} data-parallel workers share them"),

@@ -14,7 +14,7 @@ use core::ops::Range;
 
 /// The score floats a block holds with [`default_block_rows`]: 16M (64 MB in f32). On Flex a
 /// whole `[batch·heads, s, s]` score matrix up to this size as one block is faster than smaller
-/// blocks that skip the masked half of a causal matrix (docs/performance.md).
+/// blocks that skip the masked half of a causal matrix (results/performance.md).
 pub const BLOCK_FLOATS: usize = 1 << 24;
 
 /// Query rows per block such that a block's `[batch·heads, rows, s_k]` scores hold about

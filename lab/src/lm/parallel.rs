@@ -5,7 +5,7 @@
 //! device are `N` workers sharing the CPU. That pays because Flex runs its matrix products
 //! on every core but its elementwise kernels (exp, sigmoid, erf, the additions and products of
 //! autodiff) on the calling thread only; two workers keep two cores busy through them
-//! (docs/performance.md, "Data-parallel workers on the CPU").
+//! (results/performance.md, "Data-parallel workers on the CPU").
 
 use super::LossKind;
 use super::eval::batch_loss;
@@ -76,7 +76,7 @@ pub fn batch_gradients<B: FusedOps>(
 /// another. Pool threads live as long as the process, so their allocator caches do too: a
 /// thread spawned per micro-batch made the allocator fault fresh pages in at every step (11% of a
 /// profile of the torch-small step; the pool was faster in each of three interleaved runs,
-/// docs/performance.md). The shards' gradients are moved to `devices[0]` and summed there in
+/// results/performance.md). The shards' gradients are moved to `devices[0]` and summed there in
 /// device order, so the result does not depend on which shard finishes first. A device may
 /// appear more than once (workers sharing one device). The kernels inside a shard may use the
 /// pool too (Flex's matrix products do). Call it from a thread outside rayon's pool, as the

@@ -187,7 +187,7 @@ pub fn train<B: AutodiffBackend>(
         model.extra_num_params(),
     );
     // Burn's AdamW defaults (ε 1e-5) and per-tensor clipping, unlike the language-model loop's
-    // ε 1e-8 and global-norm clipping: the MQAR results of docs/results.md were trained so, and
+    // ε 1e-8 and global-norm clipping: the MQAR results of results/results.md were trained so, and
     // changing it would make them irreproducible.
     let mut optimizer = AdamWConfig::new()
         .with_weight_decay(run.weight_decay as f32)

@@ -50,7 +50,7 @@ pub struct Budget {
     #[arg(long, default_value = "auto")]
     pub backend: BackendChoice,
     /// Train each cell data-parallel on this many devices (GPUs; on the CPU, worker threads
-    /// sharing it, faster than one: see docs/performance.md). The batch size must divide by it.
+    /// sharing it, faster than one: see results/performance.md). The batch size must divide by it.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
     pub devices: u16,
     /// Token cache folder (default: $COUPLED_QK_CACHE or ~/.cache/coupled-qk).
