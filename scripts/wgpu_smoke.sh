@@ -14,7 +14,7 @@ fail() { echo "wgpu_smoke: $*" >&2; exit 1; }
 expect() { grep -Eq "$2" "$1" || fail "$1 does not match /$2/:"$'\n'"$(head -c 2000 "$1")"; }
 
 # Any text trains with the byte tokenizer: the repository's own docs, ~100 kB.
-cat README.md docs/*.md > "$OUT/corpus.txt"
+cat README.md docs/*.md results/*.md > "$OUT/corpus.txt"
 cargo run --features "$FEATURES" --example wikitext_60m -- --backend wgpu --preset tiny \
     --tokenizer bytes --corpus "$OUT/corpus.txt" --attention euler --max-steps 2 --warmup 1 \
     --seq-len 64 --batch-size 2 --eval-every 2 --eval-windows 2 --cache-dir "$OUT/cache" \
