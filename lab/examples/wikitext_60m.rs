@@ -108,7 +108,8 @@ struct Args {
     devices: u16,
     /// Under an MPI launcher (a build with --features mpi): how long a rank waits for the others
     /// in one exchange before it decides one died or hangs and stops the job, in seconds. It must
-    /// exceed rank 0's evaluation and checkpoint, which the others wait for.
+    /// exceed what the others wait for: each rank's corpus load, rank 0's evaluations and
+    /// checkpoints.
     #[arg(long, default_value_t = 1800)]
     collective_timeout: u64,
     /// Token cache folder (default: $COUPLED_QK_CACHE or ~/.cache/coupled-qk).
@@ -313,7 +314,16 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     });
     // A resume keeps the warmup the run started with when --warmup is not given: the default
     // derived from a new --max-steps would otherwise refuse the resume as a changed schedule.
-    if let (true, None, Some(old)) = (args.resume, args.warmup, run_warmup(&out))
+    // The run folder is rank 0's: the other ranks take its answer.
+    let mut warmup = match group.rank() {
+        0 => run_warmup(&out).map_or(Vec::new(), |w| w.to_le_bytes().to_vec()),
+        _ => Vec::new(),
+    };
+    group.broadcast_bytes(&mut warmup)?;
+    let run_warmup = <[u8; 8]>::try_from(warmup.as_slice())
+        .ok()
+        .map(usize::from_le_bytes);
+    if let (true, None, Some(old)) = (args.resume, args.warmup, run_warmup)
         && old != config.warmup_steps
         && old <= config.max_steps
     {

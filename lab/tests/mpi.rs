@@ -3,7 +3,7 @@
 //!
 //! - Four optimiser steps with gradient accumulation 2, each rank on half of every micro-batch:
 //!   both ranks end with bitwise-equal weights, equal (within float rounding) to one process
-//!   training on the whole batch, and only rank 0 writes the run folder; the averaged gradient of
+//!   training on the whole batch (with a resume half way), and only rank 0 writes a run folder; the averaged gradient of
 //!   two half batches is the gradient of the whole batch.
 //! - A rank killed mid-run makes the job stop with an error within a bounded time; so does a rank
 //!   that hangs (the other's watchdog).
@@ -117,8 +117,19 @@ fn gradient_average_error(group: &MpiGroup) -> f32 {
     let half = batch_gradients(&model, &half, &devices, 1, config.loss)
         .unwrap()
         .1;
-    let averaged = all_reduce_gradients(&model, half, &mut [], group).unwrap();
+    let (averaged, norm) = all_reduce_gradients(&model, half, &mut [], group).unwrap();
     let (whole, averaged) = (gradients(&model, &whole), gradients(&model, &averaged));
+    // The norm every rank clips by: the averaged gradient's, computed the same on every rank.
+    let expected = averaged
+        .iter()
+        .map(|&g| f64::from(g) * f64::from(g))
+        .sum::<f64>()
+        .sqrt();
+    let norm = norm.expect("two ranks give a norm");
+    assert!(
+        (norm - expected).abs() <= 1e-6 * expected,
+        "{norm} vs {expected}"
+    );
     assert_eq!(whole.len(), averaged.len());
     let scale = whole.iter().fold(0.0f32, |m, g| m.max(g.abs()));
     let worst = whole
@@ -171,8 +182,9 @@ fn output(child: Child) -> String {
     )
 }
 
-/// A rank of [`two_ranks_train_like_one_process_over_the_whole_batch`]: trains into
-/// `dir/run` and writes its final weights to `dir/rank{r}.weights`.
+/// A rank of [`two_ranks_train_like_one_process_over_the_whole_batch`]: trains into `dir/run`
+/// (rank 1 is given `dir/run-rank1`, which it must never create) in two invocations, 2 steps then
+/// a resume to 4, and writes its final weights to `dir/rank{r}.weights`.
 fn train_as_rank(dir: &Path) {
     let group = MpiGroup::new(Duration::from_secs(120)).unwrap();
     assert_eq!(group.world_size(), 2, "launched with mpiexec -n 2");
@@ -182,15 +194,30 @@ fn train_as_rank(dir: &Path) {
     let corpus = corpus();
     let device = Default::default();
     let devices = [device];
-    let mut trainer = Trainer::<B>::prepare_in_group(
-        &config(4),
-        &corpus,
-        &dir.join("run"),
-        &quiet(),
-        &devices,
-        &group,
-    )
-    .unwrap();
+    let out = match group.rank() {
+        0 => dir.join("run"),
+        _ => dir.join("run-rank1"),
+    };
+    let first = RunOptions {
+        stop_at: Some(2),
+        ..quiet()
+    };
+    let mut trainer =
+        Trainer::<B>::prepare_in_group(&config(4), &corpus, &out, &first, &devices, &group)
+            .unwrap();
+    while !trainer.is_done() {
+        trainer.step().unwrap();
+    }
+    trainer.finish().unwrap();
+    // The resume: rank 0 reads its checkpoint and sends it (weights, ids, AdamW's moments).
+    let second = RunOptions {
+        resume: true,
+        ..quiet()
+    };
+    let mut trainer =
+        Trainer::<B>::prepare_in_group(&config(4), &corpus, &out, &second, &devices, &group)
+            .unwrap();
+    assert_eq!(trainer.steps_done(), 2, "resumed at step 2");
     while !trainer.is_done() {
         trainer.step().unwrap();
     }
@@ -239,11 +266,15 @@ fn two_ranks_train_like_one_process_over_the_whole_batch() {
         );
     }
 
-    // Only rank 0 wrote the run folder: one run's files, as one process writes them.
+    // Only rank 0 wrote a run folder: one run's files, as one process writes them.
     let run = dir.join("run");
     for file in ["config.json", "metrics.csv", "summary.json", "loss.svg"] {
         assert!(run.join(file).is_file(), "rank 0 wrote no {file}");
     }
+    assert!(
+        !dir.join("run-rank1").exists(),
+        "rank 1 created the folder it was given"
+    );
 
     // One process over the whole batch: the same run up to float rounding.
     let corpus = corpus();
@@ -421,4 +452,48 @@ fn a_hung_rank_stops_the_job_after_the_timeout() {
         waited >= Duration::from_secs(4),
         "stopped before the timeout"
     );
+}
+
+/// A rank of [`ranks_with_different_configs_refuse_to_start_together`]: rank 1 asks for another
+/// seed; each rank writes what `prepare_in_group` said.
+fn start_with_own_seed(dir: &Path) {
+    let group = MpiGroup::new(Duration::from_secs(60)).unwrap();
+    let corpus = corpus();
+    let devices = [Default::default()];
+    let mut config = config(4);
+    config.seed = group.rank() as u64;
+    let out = dir.join(format!("run{}", group.rank()));
+    let said =
+        match Trainer::<B>::prepare_in_group(&config, &corpus, &out, &quiet(), &devices, &group) {
+            Ok(_) => "started".to_string(),
+            Err(e) => e.to_string(),
+        };
+    std::fs::write(dir.join(format!("rank{}.said", group.rank())), said).unwrap();
+}
+
+#[test]
+fn ranks_with_different_configs_refuse_to_start_together() {
+    const TEST: &str = "ranks_with_different_configs_refuse_to_start_together";
+    if let Ok(dir) = std::env::var(DIR)
+        && std::env::var(ROLE).as_deref() == Ok(TEST)
+    {
+        return start_with_own_seed(Path::new(&dir));
+    }
+    let dir = fresh_dir("different-configs");
+    let mut job = launch(TEST, TEST, &dir, 2);
+    let status = wait_at_most(&mut job, Duration::from_secs(120));
+    let log = output(job);
+    assert!(status.is_some_and(|s| s.success()), "{status:?}:\n{log}");
+    for rank in 0..2 {
+        let said = std::fs::read_to_string(dir.join(format!("rank{rank}.said"))).unwrap();
+        eprintln!("rank {rank}: {said}");
+        assert!(
+            said.contains("another config, corpus or options than rank 0"),
+            "{said}"
+        );
+        assert!(
+            !dir.join(format!("run{rank}")).exists(),
+            "rank {rank} wrote a run folder"
+        );
+    }
 }

@@ -8,13 +8,17 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorData};
 
 /// The mean over the ranks of `grads` (the gradients of `module`'s parameters), on every rank,
-/// and the sum over the ranks of `extra` (written back into it: losses, flags).
+/// with its global L2 norm, and the sum over the ranks of `extra` (written back into it: losses,
+/// flags).
 ///
 /// The gradients are flattened in `module`'s visiting order into one buffer on the device (one
 /// copy to the host, one back), summed with one `f32` all-reduce and divided by the number of
 /// ranks; `extra` and one presence count per parameter go through one `f64` all-reduce. A
 /// parameter without a gradient on a rank counts as zero there; one without a gradient on every
-/// rank gets none. With one rank, `grads` are returned untouched.
+/// rank gets none. The norm is computed on the host from the summed buffer, in `f64` and in a
+/// fixed order, so every rank gets the same bits (a GPU's reduction kernels need not: clipping
+/// by a norm the device computed could scale each rank's update differently). With one rank,
+/// `grads` are returned untouched, with no norm.
 ///
 /// # Errors
 /// A collective that does not complete.
@@ -23,9 +27,9 @@ pub fn all_reduce_gradients<B: AutodiffBackend, M: AutodiffModule<B>>(
     mut grads: GradientsParams,
     extra: &mut [f64],
     group: &dyn ProcessGroup,
-) -> Result<GradientsParams, CollectiveError> {
+) -> Result<(GradientsParams, Option<f64>), CollectiveError> {
     if group.world_size() == 1 {
-        return Ok(grads);
+        return Ok((grads, None));
     }
     let mut flatten = Flatten::<B> {
         grads: &mut grads,
@@ -38,7 +42,7 @@ pub fn all_reduce_gradients<B: AutodiffBackend, M: AutodiffModule<B>>(
     group.all_reduce_sum_f64(&mut counts)?;
     extra.copy_from_slice(&counts[..extra.len()]);
     let Some(device) = parts.first().map(Tensor::device) else {
-        return Ok(grads);
+        return Ok((grads, Some(0.0)));
     };
     let mut values = Tensor::cat(parts, 0)
         .into_data()
@@ -50,6 +54,11 @@ pub fn all_reduce_gradients<B: AutodiffBackend, M: AutodiffModule<B>>(
     for value in &mut values {
         *value /= world;
     }
+    let norm = values
+        .iter()
+        .map(|&v| f64::from(v) * f64::from(v))
+        .sum::<f64>()
+        .sqrt();
     let len = values.len();
     let mut unflatten = Unflatten::<B> {
         grads: &mut grads,
@@ -58,7 +67,7 @@ pub fn all_reduce_gradients<B: AutodiffBackend, M: AutodiffModule<B>>(
         present: counts[extra.len()..].iter(),
     };
     module.visit(&mut unflatten);
-    Ok(grads)
+    Ok((grads, Some(norm)))
 }
 
 /// Takes every parameter's gradient out of `grads`, flattened (zeros where there is none).

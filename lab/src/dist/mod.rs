@@ -66,6 +66,11 @@ pub trait ProcessGroup {
     /// # Errors
     /// The operation does not complete.
     fn broadcast_bytes(&self, bytes: &mut Vec<u8>) -> Result<(), CollectiveError>;
+    /// Ends this process with `code` and, in a job of several ranks, the whole job: for an error
+    /// the other ranks may not share (they would otherwise wait in their next collective).
+    fn abort(&self, code: i32) -> ! {
+        std::process::exit(code)
+    }
     /// A name of this rank for messages, e.g. `rank 1 of 4 (node07)`.
     fn describe(&self) -> String {
         format!("rank {} of {}", self.rank(), self.world_size())

@@ -155,6 +155,9 @@ impl ProcessGroup for MpiGroup {
         });
         Ok(())
     }
+    fn abort(&self, code: i32) -> ! {
+        self.world.abort(code)
+    }
     fn describe(&self) -> String {
         format!("rank {} of {} ({})", self.rank, self.size, self.host)
     }

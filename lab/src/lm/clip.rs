@@ -16,7 +16,7 @@ use std::marker::PhantomData;
 /// clipping. A non-finite norm leaves the gradients as they are (the next loss will show it).
 pub fn clip_global_norm<B: AutodiffBackend, M: AutodiffModule<B>>(
     module: &M,
-    mut grads: GradientsParams,
+    grads: GradientsParams,
     max_norm: f64,
 ) -> (GradientsParams, f64) {
     let mut sum = SumSquares::<B> {
@@ -27,6 +27,18 @@ pub fn clip_global_norm<B: AutodiffBackend, M: AutodiffModule<B>>(
     let norm = sum
         .total
         .map_or(0.0, |t| t.into_scalar().elem::<f64>().sqrt());
+    (clip_to_norm(module, grads, norm, max_norm), norm)
+}
+
+/// Scales `grads`, whose global L2 norm is `norm` (computed elsewhere, e.g. by
+/// [`all_reduce_gradients`](crate::dist::all_reduce_gradients) the same on every rank), so that
+/// it is at most `max_norm`. A non-finite norm leaves them as they are.
+pub fn clip_to_norm<B: AutodiffBackend, M: AutodiffModule<B>>(
+    module: &M,
+    mut grads: GradientsParams,
+    norm: f64,
+    max_norm: f64,
+) -> GradientsParams {
     if norm.is_finite() && norm > max_norm {
         // The same small guard as Burn's per-tensor clipping, so a norm at the threshold is kept.
         let scale = max_norm / (norm + 1e-6);
@@ -37,7 +49,7 @@ pub fn clip_global_norm<B: AutodiffBackend, M: AutodiffModule<B>>(
         };
         module.visit(&mut scaler);
     }
-    (grads, norm)
+    grads
 }
 
 struct SumSquares<'a, B: AutodiffBackend> {

@@ -24,7 +24,7 @@ pub use checkpoint::{
     CheckpointState, checkpoint_dir, checkpoints_dir, list_checkpoints, load_checkpoint,
     load_trained, prune_checkpoints, save_checkpoint, unverified_warning,
 };
-pub use clip::clip_global_norm;
+pub use clip::{clip_global_norm, clip_to_norm};
 pub use config::{
     BOOKKEEPING_FIELDS, CorpusInfo, FieldChange, InitWeights, OPTIMISER_FIELDS, RecordedChange,
     RunConfig, TrainConfig, differing_fields, fill_model_defaults,

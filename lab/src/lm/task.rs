@@ -58,14 +58,27 @@ impl MultiDeviceTask for TrainingRun {
         if let Some(note) = self.cpu_note.as_ref().filter(|_| !gpu && main) {
             eprintln!("note: {note}");
         }
-        let summary = train_in_group::<B>(
+        let trained = train_in_group::<B>(
             &self.config,
             &self.corpus,
             &self.out,
             &self.options,
             &devices,
             &*self.group,
-        )?;
+        );
+        let summary = match trained {
+            Ok(summary) => summary,
+            // Said here, then the whole job ended: an error of one rank must not leave the others
+            // waiting for it (and MPI must not be finalised under them).
+            Err(e) if self.group.world_size() > 1 => {
+                eprintln!("error ({}): {e}", self.group.describe());
+                if let Some(advice) = crate::cli::advice(&e) {
+                    eprintln!("{advice}");
+                }
+                self.group.abort(1)
+            }
+            Err(e) => return Err(e.into()),
+        };
         if main {
             println!("{}", serde_json::to_string_pretty(&summary)?);
         }

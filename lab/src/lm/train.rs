@@ -70,7 +70,8 @@ pub fn train_on_devices<B: FusedOps>(
 /// [`Trainer::prepare_in_group`]): every rank calls it with the same arguments; each computes
 /// the gradient of its share of every micro-batch over its `devices`, the ranks average their
 /// gradients once per optimiser step, and rank 0 alone evaluates and writes `out_dir`. Every
-/// rank returns the run's summary (the validation fields only on rank 0).
+/// rank returns a summary of the run (rank 0's has the metrics and validation; the others' only
+/// the counts).
 ///
 /// # Errors
 /// Those of [`train_on_devices`] on every rank (a non-finite loss on any rank stops all of them),

@@ -15,7 +15,7 @@ use super::checkpoint::{
     CheckpointState, checkpoint_dir, decode_records, encode_records, load_newest_good,
     newest_good_checkpoint, prune_checkpoints, save_checkpoint,
 };
-use super::clip::clip_global_norm;
+use super::clip::{clip_global_norm, clip_to_norm};
 use super::config::{InitWeights, RecordedChange, RunConfig};
 use super::dynamics_log::{DynamicsLog, write_dynamics_plot};
 use super::eval::{batch_nats, batch_tensors, evaluate};
@@ -179,20 +179,23 @@ impl<'a, B: FusedOps> Trainer<'a, B> {
             }
         }
         let mut grads = accumulator.grads();
+        let own_non_finite = non_finite.is_some();
+        let mut reduced_norm = None;
         if ranks > 1 {
             // Every rank takes part even after a non-finite loss, so all stop together.
-            let mut sums = [loss_sum, f64::from(u8::from(non_finite.is_some()))];
-            grads = all_reduce_gradients(self.model(), grads, &mut sums, self.group)?;
+            let mut sums = [loss_sum, f64::from(u8::from(own_non_finite))];
+            let (reduced, norm) = all_reduce_gradients(self.model(), grads, &mut sums, self.group)?;
+            (grads, reduced_norm) = (reduced, norm);
             loss_sum = sums[0] / ranks as f64;
             if sums[1] > 0.0 {
                 non_finite = Some(non_finite.unwrap_or(f64::NAN));
             }
         }
         if let Some(value) = non_finite {
-            let what = if ranks > 1 && value.is_nan() {
-                "loss (of another rank)"
-            } else {
+            let what = if own_non_finite {
                 "loss"
+            } else {
+                "loss (of another rank)"
             };
             return Err(self.diverged(s, value, what));
         }
@@ -201,13 +204,19 @@ impl<'a, B: FusedOps> Trainer<'a, B> {
         if let Some(state) = self.pending_checkpoint.take() {
             let t = Instant::now();
             self.check_ranks_agree()?;
-            if rank == 0 {
-                self.write_checkpoint(&state)?;
-            }
+            let written = match rank {
+                0 => self.write_checkpoint(&state).map(drop),
+                _ => Ok(()),
+            };
+            self.rank0_result(written, "write its checkpoint")?;
             side_time += t.elapsed();
         }
         if let Some(max_norm) = self.config.grad_clip {
-            grads = clip_global_norm(self.model(), grads, max_norm).0;
+            grads = match reduced_norm {
+                // The norm every rank shares, so that every rank scales alike.
+                Some(norm) => clip_to_norm(self.model(), grads, norm, max_norm),
+                None => clip_global_norm(self.model(), grads, max_norm).0,
+            };
         }
         let model = self
             .model
@@ -224,20 +233,25 @@ impl<'a, B: FusedOps> Trainer<'a, B> {
         self.total = (self.total.0 + train_time, self.total.1 + step_tokens);
 
         let due = s.is_multiple_of(self.config.eval_every) || s == self.config.max_steps;
-        // Only rank 0 evaluates and writes; the others learn whether its loss was finite.
+        let logged = due || s.is_multiple_of(self.config.log_every);
+        // Only rank 0 evaluates and writes; the others learn whether that went well.
         let val = (due && rank == 0).then(|| self.evaluate());
+        let mut written = Ok(());
         if due && rank == 0 {
             let stats = self.dynamics_stats();
             if let Some(dynamics) = self.dynamics.as_mut() {
-                dynamics.record(s, stats)?;
+                written = dynamics.record(s, stats);
             }
         }
-        if rank == 0 && (val.is_some() || s.is_multiple_of(self.config.log_every)) {
-            self.log_row(lr, val)?;
+        if rank == 0 && logged && written.is_ok() {
+            written = self.log_row(lr, val);
         }
         if let Some(v) = val {
             self.last_val = Some(v);
             self.plot();
+        }
+        if logged {
+            self.rank0_result(written, "write its metrics")?;
         }
         if due {
             let finite = val.is_none_or(|v| v.loss.is_finite());
@@ -415,6 +429,13 @@ impl<'a, B: FusedOps> Trainer<'a, B> {
     fn diverged(&self, step: usize, loss: f64, what: &str) -> TrainError {
         self.progress
             .abandon_with_message(format!("{what} {loss} at step {step}"));
+        if self.group.rank() != 0 {
+            // The run folder is rank 0's: it names the checkpoint to resume from.
+            return TrainError::Group(format!(
+                "the {what} is {loss} at step {step}: training stopped on every rank (rank 0 \
+                 names the last good checkpoint)"
+            ));
+        }
         TrainError::NonFinite {
             step,
             loss,

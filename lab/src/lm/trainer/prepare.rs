@@ -40,6 +40,9 @@ impl<'a, B: FusedOps> Trainer<'a, B> {
         devices: &'a [B::Device],
         group: &'a dyn ProcessGroup,
     ) -> Result<Self, TrainError> {
+        if group.world_size() > 1 {
+            super::ranks::agree_on_run(config, corpus, options, group)?;
+        }
         config.validate_for(corpus)?;
         if devices.is_empty() {
             return Err(TrainError::Config {
@@ -85,27 +88,46 @@ impl<'a, B: FusedOps> Trainer<'a, B> {
             ..options.clone()
         };
         let options = if group.rank() == 0 { options } else { &quiet };
-        let local = Self::prepare_rank(config, corpus, out_dir, options, devices, group);
+        let mut local = Self::prepare_rank(config, corpus, out_dir, options, devices, group);
         // Rank 0 sends its state, or its error, which every rank then returns.
-        let mut message = match (group.rank(), &local) {
-            (0, Ok(trainer)) => trainer.encode_state()?,
-            (0, Err(e)) => [&[0u8][..], e.to_string().as_bytes()].concat(),
-            _ => Vec::new(),
-        };
+        let mut message = Vec::new();
+        if group.rank() == 0 {
+            match local.as_ref().map(Self::encode_state) {
+                Ok(Ok(bytes)) => message = bytes,
+                Ok(Err(e)) => local = Err(e),
+                Err(_) => {}
+            }
+            if let Err(e) = &local {
+                message = [&[0u8][..], e.to_string().as_bytes()].concat();
+            }
+        }
         group.broadcast_bytes(&mut message)?;
-        let mut trainer = match (message.split_first(), group.rank()) {
-            (Some((0, _)), 0) => return local,
-            (Some((0, error)), _) => {
-                return Err(TrainError::Group(format!(
+        if let Some((0, error)) = message.split_first() {
+            return match group.rank() {
+                0 => local,
+                _ => Err(TrainError::Group(format!(
                     "rank 0 could not start the run: {}",
                     String::from_utf8_lossy(error)
+                ))),
+            };
+        }
+        let ready = match group.rank() {
+            0 => local,
+            _ => local.and_then(|mut trainer| trainer.adopt_state(message).map(|()| trainer)),
+        };
+        // Every rank learns whether every other could start, so none waits alone.
+        let mut failed = [f64::from(u8::from(ready.is_err()))];
+        group.all_reduce_sum_f64(&mut failed)?;
+        let trainer = match ready {
+            Err(e) => return Err(e),
+            Ok(_) if failed[0] > 0.0 => {
+                return Err(TrainError::Group(format!(
+                    "{} rank(s) could not start the run (see their messages)",
+                    failed[0]
                 )));
             }
-            _ => local?,
+            Ok(trainer) => trainer,
         };
-        if group.rank() != 0 {
-            trainer.adopt_state(message)?;
-        }
         trainer.check_ranks_agree()?;
         Ok(trainer)
     }
@@ -140,16 +162,12 @@ impl<'a, B: FusedOps> Trainer<'a, B> {
         };
 
         let windows = TrainWindows::new(&corpus.train, config.seq_len, config.seed)?;
-        let eval_set = if main {
-            eval_batches(
-                &corpus.valid,
-                config.seq_len,
-                config.eval_batch,
-                config.eval_windows,
-            )?
-        } else {
-            Vec::new()
-        };
+        let eval_set = eval_batches(
+            &corpus.valid,
+            config.seq_len,
+            config.eval_batch,
+            config.eval_windows,
+        )?;
 
         B::seed(device, config.seed);
         coupled_qk::attention::register_flash_attention::<B>();

@@ -84,6 +84,29 @@ impl<B: FusedOps> Trainer<'_, B> {
         Ok(())
     }
 
+    /// Rank 0's `result` of something only it does (writing a file), on every rank: rank 0
+    /// returns its own error, the others one that points at it, so that all stop together.
+    ///
+    /// # Errors
+    /// Rank 0's error, and a collective that does not complete.
+    pub(super) fn rank0_result(
+        &self,
+        result: Result<(), TrainError>,
+        what: &str,
+    ) -> Result<(), TrainError> {
+        if self.group.world_size() == 1 {
+            return result;
+        }
+        let ok = self.rank0_says(result.is_ok())?;
+        match (self.group.rank(), ok) {
+            (0, _) => result,
+            (_, true) => Ok(()),
+            (_, false) => Err(TrainError::Group(format!(
+                "rank 0 could not {what} (see its message): training stopped on every rank"
+            ))),
+        }
+    }
+
     /// Rank 0's `ok` on every rank (each other rank's own `ok` is ignored).
     pub(super) fn rank0_says(&self, ok: bool) -> Result<bool, TrainError> {
         if self.group.world_size() == 1 {
@@ -93,4 +116,43 @@ impl<B: FusedOps> Trainer<'_, B> {
         self.group.broadcast_bytes(&mut flag)?;
         Ok(flag == [1])
     }
+}
+
+/// Checks that every rank runs the same config on the same corpus with the same options (the
+/// digest of rank 0's against each rank's own), before anything else: ranks that differ would
+/// step to different schedules or batches and drift apart.
+///
+/// # Errors
+/// [`TrainError::Group`] on every rank when one differs; a collective that does not complete.
+pub(super) fn agree_on_run(
+    config: &TrainConfig,
+    corpus: &TokenizedCorpus,
+    options: &RunOptions,
+    group: &dyn ProcessGroup,
+) -> Result<(), TrainError> {
+    let what = format!(
+        "{}\n{:?}",
+        RunConfig::new(config, corpus).to_json(),
+        (
+            options.resume,
+            options.stop_at,
+            &options.allow_changes,
+            options.allow_config_change,
+            options.force
+        )
+    );
+    let digest = twox_hash::XxHash64::oneshot(0, what.as_bytes()).to_le_bytes();
+    let mut rank0 = digest.to_vec();
+    group.broadcast_bytes(&mut rank0)?;
+    let mut differing = [f64::from(u8::from(rank0 != digest))];
+    group.all_reduce_sum_f64(&mut differing)?;
+    if differing[0] > 0.0 {
+        return Err(TrainError::Group(format!(
+            "{} of {} ranks run another config, corpus or options than rank 0: give every rank \
+             the same settings and the same data",
+            differing[0],
+            group.world_size()
+        )));
+    }
+    Ok(())
 }
