@@ -12,7 +12,7 @@
 //! the run folder, and a non-finite loss on any rank stops all of them together.
 //!
 //! Implementations: [`SingleProcess`] (one rank: every operation is the identity) and, with the
-//! lab's cargo feature `mpi`, [`MpiGroup`] over the MPI library the job was launched with
+//! lab's cargo feature `mpi`, `MpiGroup` over the MPI library the job was launched with
 //! (`mpiexec`, `srun`). [`from_environment`] picks the right one for a program.
 
 mod gradients;
@@ -41,7 +41,7 @@ pub enum CollectiveError {
 ///
 /// Every rank must call the same operations in the same order with buffers of the same length;
 /// a rank that stops calling makes the others wait (an implementation bounds the wait, see
-/// [`MpiGroup`]).
+/// `MpiGroup`).
 pub trait ProcessGroup {
     /// This process's rank, `0..world_size()`; rank 0 is the one that writes.
     fn rank(&self) -> usize;
@@ -103,7 +103,7 @@ impl ProcessGroup for SingleProcess {
 }
 
 /// How long a rank waits in one collective before it decides that another rank has died or hangs
-/// and stops the job (see [`MpiGroup::new`]): long enough for rank 0's evaluation and checkpoint,
+/// and stops the job (see `MpiGroup::new`): long enough for rank 0's evaluation and checkpoint,
 /// which the others wait for.
 pub const DEFAULT_COLLECTIVE_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 

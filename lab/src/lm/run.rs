@@ -12,7 +12,7 @@ pub struct RunOptions {
     /// `max_steps`: for time-boxed jobs; a later `resume` continues exactly.
     pub stop_at: Option<usize>,
     /// On resume, accept changes of these settings of the optimiser (names of
-    /// [`OPTIMISER_FIELDS`], e.g. `lr` to lower the learning rate after a divergence); they are
+    /// [`OPTIMISER_FIELDS`](super::OPTIMISER_FIELDS), e.g. `lr` to lower the learning rate after a divergence); they are
     /// printed and recorded in `config.json` with the step they apply from. Changes of any other
     /// field are still refused.
     pub allow_changes: Vec<&'static str>,
