@@ -204,7 +204,7 @@ fn run(
 ) -> Result<coupled_qk_lab::mqar::SweepResults, Box<dyn std::error::Error>> {
     let task = Execute { sweep, out };
     dispatch_devices(args.backend, usize::from(args.devices), task)
-        .map_err(|e| match e.advice() {
+        .map_err(|e| match coupled_qk_lab::cli::backend_advice(&e) {
             Some(advice) => format!("{e}\n{advice}"),
             None => e.to_string(),
         })?

@@ -485,7 +485,7 @@ fn main() {
         Ok(result) => result,
         Err(e) => {
             eprintln!("error: {e}");
-            if let Some(advice) = e.advice() {
+            if let Some(advice) = coupled_qk_lab::cli::backend_advice(&e) {
                 eprintln!("{advice}");
             }
             std::process::exit(1);

@@ -37,7 +37,8 @@ impl FromStr for BackendChoice {
     }
 }
 
-/// Why a backend cannot run; [`advice`](Self::advice) says which flag of the programs changes it.
+/// Why a backend cannot run ([`cli::advice`](crate::cli::advice) says which flag of the programs
+/// changes it).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum BackendError {
     /// Not a backend name.
@@ -72,20 +73,6 @@ pub enum BackendError {
         /// What to check.
         hint: &'static str,
     },
-}
-
-impl BackendError {
-    /// What to change, in terms of the programs' `--backend` and `--devices` flags.
-    pub fn advice(&self) -> Option<&'static str> {
-        match self {
-            Self::Unknown(_) => None,
-            Self::NoDevices => Some("give --devices 1 or more"),
-            Self::NotCompiled { .. } | Self::NoCuda | Self::NoWgpuAdapter(_) => {
-                Some("or use --backend flex (the CPU)")
-            }
-            Self::DeviceMissing { .. } => Some("lower --devices"),
-        }
-    }
 }
 
 /// Work generic over the backend (closures cannot be), on one or several devices of it.
@@ -162,8 +149,8 @@ fn cpu_workers(count: usize) -> String {
     let threads = rayon::current_num_threads();
     match count {
         1 if threads > 1 => format!(
-            "{threads} threads; --devices N runs N data-parallel workers, faster on a CPU \
-             (2 on 2 cores measured: results/performance.md; N must divide the batch size)"
+            "{threads} threads; several data-parallel workers are faster on a CPU (2 on 2 cores \
+             measured: results/performance.md; their count must divide the batch size)"
         ),
         1 => format!("{threads} threads"),
         n => format!("{threads} threads; {n} data-parallel workers share them"),

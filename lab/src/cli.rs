@@ -1,7 +1,6 @@
 //! What the example programs tell their users: an error, then what to change on their command
-//! line. The library's errors name settings and files; only this module (with the flag groups the
-//! programs share, [`Budget`](crate::suite::Budget) and [`BackendChoice`](crate::backend::BackendChoice))
-//! speaks of the programs' flags.
+//! line. The library's errors name settings and files; only this module speaks of the programs'
+//! flags (beside the flag definitions themselves, such as [`Budget`](crate::suite::Budget)'s).
 
 use crate::backend::BackendError;
 use crate::data::DataError;
@@ -21,10 +20,10 @@ pub fn advice(error: &(dyn Error + 'static)) -> Option<String> {
             return data_advice(e);
         }
         if let Some(e) = e.downcast_ref::<BackendError>() {
-            return e.advice().map(str::to_string);
+            return backend_advice(e).map(str::to_string);
         }
         if let Some(e) = e.downcast_ref::<SuiteError>() {
-            return e.advice().map(str::to_string);
+            return suite_advice(e).map(str::to_string);
         }
         current = e.source();
     }
@@ -38,6 +37,30 @@ pub fn exit_with(error: &(dyn Error + 'static)) -> ! {
         eprintln!("{advice}");
     }
     std::process::exit(1)
+}
+
+/// What to change for a backend that cannot run: `--backend` or `--devices`.
+pub fn backend_advice(e: &BackendError) -> Option<&'static str> {
+    match e {
+        BackendError::Unknown(_) => None,
+        BackendError::NoDevices => Some("give --devices 1 or more"),
+        BackendError::NotCompiled { .. }
+        | BackendError::NoCuda
+        | BackendError::NoWgpuAdapter(_) => Some("or use --backend flex (the CPU)"),
+        BackendError::DeviceMissing { .. } => Some("lower --devices"),
+    }
+}
+
+/// What to do about a suite's error, in terms of the suite programs' flags.
+pub fn suite_advice(e: &SuiteError) -> Option<&'static str> {
+    match e {
+        SuiteError::Failed(_) => Some(
+            "fix the cause (for a divergence, a lower --lr), then rerun with --retry-failed to \
+             train them again from scratch",
+        ),
+        SuiteError::NoSuchCell { .. } => Some("--list-cells lists them"),
+        SuiteError::Backend(e) => backend_advice(e),
+    }
 }
 
 fn train_advice(e: &TrainError) -> Option<String> {

@@ -193,7 +193,8 @@ fn a_failing_cell_is_recorded_the_others_run_and_a_retry_trains_it_again() {
         "{err}"
     );
     assert!(err.to_string().contains("diverges"), "{err}");
-    assert!(err.advice().unwrap().contains("--retry-failed"), "{err}");
+    let advice = coupled_qk_lab::cli::advice(&err).unwrap();
+    assert!(advice.contains("--retry-failed"), "{advice}");
 
     // Rerun: the failed cell is reported again without training (even with a good config now).
     let second = run(&suite(false), 1e-3);

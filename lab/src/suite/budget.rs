@@ -223,20 +223,6 @@ pub enum SuiteError {
     Failed(Vec<FailedCell>),
 }
 
-impl SuiteError {
-    /// What to do about it, in terms of the suite programs' flags.
-    pub fn advice(&self) -> Option<&'static str> {
-        match self {
-            Self::Failed(_) => Some(
-                "fix the cause (for a divergence, a lower --lr), then rerun with --retry-failed \
-                 to train them again from scratch",
-            ),
-            Self::NoSuchCell { .. } => Some("--list-cells lists them"),
-            Self::Backend(e) => e.advice(),
-        }
-    }
-}
-
 fn failed_list(failed: &[FailedCell]) -> String {
     failed
         .iter()
@@ -303,7 +289,7 @@ impl MultiDeviceTask for Cells<'_> {
             if let Some(failed) = FailedCell::recorded(&dir) {
                 if !self.suite.retry_failed {
                     eprintln!(
-                        "{}: failed before ({}); skipped (--retry-failed trains it again)",
+                        "{}: failed before ({}); skipped (a retry of the failed cells trains it again)",
                         dir.display(),
                         failed.error
                     );
