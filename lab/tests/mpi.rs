@@ -327,7 +327,8 @@ fn two_ranks_train_like_one_process_over_the_whole_batch() {
 /// [`a_hung_rank_stops_the_job_after_the_timeout`]: trains for a long time, rank 1 announcing its
 /// process id once it has stepped; with `hang`, rank 1 then stops taking part.
 fn train_until_stopped(dir: &Path, hang: bool) {
-    let timeout = Duration::from_secs(if hang { 5 } else { 20 });
+    // Long enough for four jobs of two ranks sharing two cores to start and step.
+    let timeout = Duration::from_secs(if hang { 10 } else { 30 });
     let group = MpiGroup::new(timeout).unwrap();
     let corpus = corpus();
     let devices = [Default::default()];
@@ -390,7 +391,7 @@ fn a_killed_rank_stops_the_job_within_a_bounded_time() {
             .success()
     );
     // Rank 0 is then stopped by the launcher (MPICH's mpiexec ends the job when a rank dies) or,
-    // failing that, by its own watchdog after 20 s in a collective.
+    // failing that, by its own watchdog after 30 s in a collective.
     let status = wait_at_most(&mut job, Duration::from_secs(90));
     let waited = killed.elapsed();
     let log = output(job);
@@ -434,7 +435,7 @@ fn a_hung_rank_stops_the_job_after_the_timeout() {
         std::thread::sleep(Duration::from_millis(100));
     }
     let hung = Instant::now();
-    // Rank 0 waits in the next step's all-reduce; its watchdog aborts the job after 5 s.
+    // Rank 0 waits in the next step's all-reduce; its watchdog aborts the job after 10 s.
     let status = wait_at_most(&mut job, Duration::from_secs(90));
     let waited = hung.elapsed();
     let log = output(job);
@@ -449,7 +450,7 @@ fn a_hung_rank_stops_the_job_after_the_timeout() {
         "rank 0's watchdog said nothing:\n{log}"
     );
     assert!(
-        waited >= Duration::from_secs(4),
+        waited >= Duration::from_secs(9),
         "stopped before the timeout"
     );
 }
