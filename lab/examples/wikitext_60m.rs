@@ -110,7 +110,7 @@ struct Args {
     /// in one exchange before it decides one died or hangs and stops the job, in seconds. It must
     /// exceed what the others wait for: each rank's corpus load, rank 0's evaluations and
     /// checkpoints.
-    #[arg(long, default_value_t = 1800)]
+    #[arg(long, default_value_t = coupled_qk_lab::dist::DEFAULT_COLLECTIVE_TIMEOUT.as_secs())]
     collective_timeout: u64,
     /// Token cache folder (default: $COUPLED_QK_CACHE or ~/.cache/coupled-qk).
     #[arg(long)]

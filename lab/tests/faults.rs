@@ -4,20 +4,23 @@
 //! flipped in any file of a checkpoint are caught by its manifest, and the resume falls back to
 //! the previous checkpoint and still ends bit for bit where the uninterrupted run does.
 
+mod support;
+
 use burn::backend::{Autodiff, Flex};
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::AdamWConfig;
 use burn::tensor::Tensor;
 use coupled_qk::model::{Gpt, GptConfig, Preset};
-use coupled_qk_lab::data::{TokenIds, TokenStream, TokenizedCorpus};
+use coupled_qk_lab::data::TokenizedCorpus;
 use coupled_qk_lab::lm::{
     Damage, MANIFEST_FILE, RunOptions, TrainConfig, TrainError, Trainer, Verification,
     checkpoint_dir, list_checkpoints, load_checkpoint, load_trained, read_metrics, train_with,
     verify_checkpoint,
 };
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+use support::corpus::bytes_corpus;
 
 type B = Autodiff<Flex>;
 
@@ -36,20 +39,7 @@ const CHILD_DIR: &str = "COUPLED_QK_FAULT_RUN_DIR";
 
 fn corpus() -> TokenizedCorpus {
     let text = "the quick brown fox jumps over the lazy dog; ".repeat(300);
-    let bytes: Vec<u32> = text.bytes().map(u32::from).collect();
-    let split = bytes.len() * 9 / 10;
-    let byte_lens = Arc::new(vec![1u32; 256]);
-    let stream = |ids: &[u32]| TokenStream {
-        ids: TokenIds::from_u32(ids.to_vec(), 256),
-        byte_lens: byte_lens.clone(),
-    };
-    TokenizedCorpus {
-        name: "fault-test".into(),
-        tokenizer: "bytes".into(),
-        vocab_size: 256,
-        train: stream(&bytes[..split]),
-        valid: stream(&bytes[split..]),
-    }
+    bytes_corpus("fault-test", &text)
 }
 
 /// Checkpoints and evaluations often, so that random kills land in each.

@@ -51,24 +51,14 @@ impl Default for DynamicsConfig {
 }
 
 impl DynamicsConfig {
-    /// The names [`FromStr`] takes, as a user would write them (`euler` and `leapfrog` take a step
-    /// count: `euler3`), with the built-in integrators; [`names`](Self::names) adds the
-    /// registered ones.
-    pub const NAMES: [&'static str; 6] = [
-        "standard",
-        "mlp-only",
-        "euler",
-        "leapfrog",
-        "affine",
-        "affine-uncoupled",
-    ];
-
-    /// Every name [`FromStr`] takes: [`NAMES`](Self::NAMES) with the integrators registered by
-    /// [`register_integrator`](crate::integrator::register_integrator) after the built-in ones.
+    /// Every name [`FromStr`] takes, as a user would write them (integrators take a step count:
+    /// `euler3`, the affine maps a layer count): `standard`, `mlp-only`, every integrator (the
+    /// built-in ones, then those added by
+    /// [`register_integrator`](crate::integrator::register_integrator)), `affine`,
+    /// `affine-uncoupled`.
     pub fn names() -> Vec<&'static str> {
-        let integrators = IntegratorKind::all();
-        let mut names = vec![Self::NAMES[0], Self::NAMES[1]];
-        names.extend(integrators.iter().map(|k| k.name()));
+        let mut names = vec![STANDARD, MLP_ONLY];
+        names.extend(IntegratorKind::all().iter().map(|k| k.name()));
         names.extend([AFFINE, AFFINE_UNCOUPLED]);
         names
     }
@@ -139,6 +129,9 @@ impl DynamicsConfig {
     }
 }
 
+/// The names of the variants without an integrator.
+const STANDARD: &str = "standard";
+const MLP_ONLY: &str = "mlp-only";
 /// The affine coupling's name, and its uncoupled control's.
 const AFFINE: &str = "affine";
 const AFFINE_UNCOUPLED: &str = "affine-uncoupled";
@@ -146,8 +139,8 @@ const AFFINE_UNCOUPLED: &str = "affine-uncoupled";
 impl fmt::Display for DynamicsConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::Standard => f.write_str("standard"),
-            Self::MlpOnly => f.write_str("mlp-only"),
+            Self::Standard => f.write_str(STANDARD),
+            Self::MlpOnly => f.write_str(MLP_ONLY),
             Self::Affine {
                 layers,
                 coupled: true,
@@ -196,7 +189,7 @@ impl FromStr for DynamicsConfig {
                 0 => Err(zero("a coupled variant", "integrator step")),
                 steps => Ok(Self::Coupled { integrator, steps }),
             },
-            ("standard" | "mlp-only", None) if !digits.is_empty() => {
+            (STANDARD | MLP_ONLY, None) if !digits.is_empty() => {
                 Err(NameError::CountNotTaken(name.to_string()))
             }
             (AFFINE | AFFINE_UNCOUPLED, None) => match count("layer")? {
@@ -206,8 +199,8 @@ impl FromStr for DynamicsConfig {
                     coupled: base == AFFINE,
                 }),
             },
-            ("standard", None) => Ok(Self::Standard),
-            ("mlp-only", None) => Ok(Self::MlpOnly),
+            (STANDARD, None) => Ok(Self::Standard),
+            (MLP_ONLY, None) => Ok(Self::MlpOnly),
             _ => Err(NameError::UnknownDynamics(name.to_string())),
         }
     }
@@ -260,7 +253,18 @@ mod tests {
             DynamicsConfig::affine(0).validate().unwrap_err().field,
             "layers"
         );
-        for name in DynamicsConfig::NAMES {
+        assert_eq!(
+            DynamicsConfig::names()[..6],
+            [
+                "standard",
+                "mlp-only",
+                "euler",
+                "leapfrog",
+                "affine",
+                "affine-uncoupled"
+            ]
+        );
+        for name in DynamicsConfig::names() {
             assert!(name.parse::<DynamicsConfig>().is_ok(), "{name}");
         }
     }
@@ -271,7 +275,7 @@ mod tests {
         assert_eq!(err, NameError::UnknownDynamics("rk4".into()));
         let err = err.to_string();
         assert!(err.contains("`rk4`") && err.contains("leapfrog"), "{err}");
-        for name in DynamicsConfig::NAMES {
+        for name in DynamicsConfig::names() {
             assert!(err.contains(name), "{name} missing from: {err}");
         }
         let err = "euler0".parse::<DynamicsConfig>().unwrap_err().to_string();

@@ -28,10 +28,6 @@ use std::time::Duration;
 /// A collective operation that did not complete.
 #[derive(Debug, thiserror::Error)]
 pub enum CollectiveError {
-    /// Another rank stopped before this one: rank 0 could not start the run, or a rank's
-    /// state differs from rank 0's.
-    #[error("{0}")]
-    Peer(String),
     /// The group cannot be created.
     #[error("cannot start the process group: {0}")]
     Start(String),

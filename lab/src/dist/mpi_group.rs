@@ -76,6 +76,17 @@ impl MpiGroup {
         })
     }
 
+    /// Sums `values` over the ranks in place, in pieces of [`CHUNK`], under the watchdog.
+    fn all_reduce_sum<T: Equivalence + Clone>(&self, name: &'static str, values: &mut [T]) {
+        self.watched(name, || {
+            for chunk in values.chunks_mut(CHUNK) {
+                let send = chunk.to_vec();
+                self.world
+                    .all_reduce_into(&send[..], chunk, SystemOperation::sum());
+            }
+        });
+    }
+
     /// Runs `operation` (named `name`) under the watchdog.
     fn watched<T>(&self, name: &'static str, operation: impl FnOnce() -> T) -> T {
         *self.watch.busy.lock().unwrap() = Some((name, Instant::now()));
@@ -124,23 +135,11 @@ impl ProcessGroup for MpiGroup {
         self.local_rank
     }
     fn all_reduce_sum_f32(&self, values: &mut [f32]) -> Result<(), CollectiveError> {
-        self.watched("the gradient all-reduce", || {
-            for chunk in values.chunks_mut(CHUNK) {
-                let send = chunk.to_vec();
-                self.world
-                    .all_reduce_into(&send[..], chunk, SystemOperation::sum());
-            }
-        });
+        self.all_reduce_sum("the gradient all-reduce", values);
         Ok(())
     }
     fn all_reduce_sum_f64(&self, values: &mut [f64]) -> Result<(), CollectiveError> {
-        self.watched("an all-reduce of losses and flags", || {
-            for chunk in values.chunks_mut(CHUNK) {
-                let send = chunk.to_vec();
-                self.world
-                    .all_reduce_into(&send[..], chunk, SystemOperation::sum());
-            }
-        });
+        self.all_reduce_sum("an all-reduce of losses and flags", values);
         Ok(())
     }
     fn broadcast_bytes(&self, bytes: &mut Vec<u8>) -> Result<(), CollectiveError> {

@@ -48,6 +48,11 @@ pub fn corpus() -> TokenizedCorpus {
             text.push('\n');
         }
     }
+    bytes_corpus("test-english", &text)
+}
+
+/// `text` as a byte-tokenised corpus named `name`, split 90/10 into train and validation.
+pub fn bytes_corpus(name: &str, text: &str) -> TokenizedCorpus {
     let bytes: Vec<u32> = text.bytes().map(u32::from).collect();
     let split = bytes.len() * 9 / 10;
     let byte_lens = Arc::new(vec![1u32; 256]);
@@ -56,7 +61,7 @@ pub fn corpus() -> TokenizedCorpus {
         byte_lens: byte_lens.clone(),
     };
     TokenizedCorpus {
-        name: "test-english".into(),
+        name: name.into(),
         tokenizer: "bytes".into(),
         vocab_size: 256,
         train: stream(&bytes[..split]),

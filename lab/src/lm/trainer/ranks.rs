@@ -66,18 +66,14 @@ impl<B: FusedOps> Trainer<'_, B> {
         if self.group.world_size() == 1 {
             return Ok(());
         }
-        let digest = weights_digest(&self.model().valid()).to_le_bytes();
-        let mut rank0 = digest.to_vec();
-        self.group.broadcast_bytes(&mut rank0)?;
-        let mut differing = [f64::from(u8::from(rank0 != digest))];
-        self.group.all_reduce_sum_f64(&mut differing)?;
-        if differing[0] > 0.0 {
+        let differing = ranks_differing(self.group, weights_digest(&self.model().valid()))?;
+        if differing > 0 {
             return Err(TrainError::Group(format!(
                 "at step {}, {} of {} ranks hold other weights than rank 0: their MPI library \
                  gives ranks different sums, or a rank was disturbed; resume from the last \
                  checkpoint",
                 self.step,
-                differing[0],
+                differing,
                 self.group.world_size()
             )));
         }
@@ -141,18 +137,24 @@ pub(super) fn agree_on_run(
             options.force
         )
     );
-    let digest = twox_hash::XxHash64::oneshot(0, what.as_bytes()).to_le_bytes();
-    let mut rank0 = digest.to_vec();
-    group.broadcast_bytes(&mut rank0)?;
-    let mut differing = [f64::from(u8::from(rank0 != digest))];
-    group.all_reduce_sum_f64(&mut differing)?;
-    if differing[0] > 0.0 {
+    let differing = ranks_differing(group, twox_hash::XxHash64::oneshot(0, what.as_bytes()))?;
+    if differing > 0 {
         return Err(TrainError::Group(format!(
             "{} of {} ranks run another config, corpus or options than rank 0: give every rank \
              the same settings and the same data",
-            differing[0],
+            differing,
             group.world_size()
         )));
     }
     Ok(())
+}
+
+/// How many ranks hold another `digest` than rank 0's (the same count on every rank).
+fn ranks_differing(group: &dyn ProcessGroup, digest: u64) -> Result<usize, TrainError> {
+    let digest = digest.to_le_bytes();
+    let mut rank0 = digest.to_vec();
+    group.broadcast_bytes(&mut rank0)?;
+    let mut differing = [f64::from(u8::from(rank0 != digest))];
+    group.all_reduce_sum_f64(&mut differing)?;
+    Ok(differing[0] as usize)
 }
