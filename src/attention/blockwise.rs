@@ -106,8 +106,17 @@ impl<B: Backend> Blockwise<B> {
     }
 
     /// The output `[b, h, s_q, d_v]` and each query's log-normaliser `[b, h, s_q, 1]`. A query
-    /// that sees no key gets a zero output (not NaN), as the explicit path gives.
+    /// that sees no key gets a zero output (not NaN), as the explicit path gives. On host-memory
+    /// backends (Flex, NdArray) the loop runs as one kernel ([`host`](super::host)).
     pub fn forward(&self) -> (Tensor<B, 4>, Tensor<B, 4>) {
+        if super::host::applies(self) {
+            return super::host::forward(self);
+        }
+        self.forward_tensor_ops()
+    }
+
+    /// [`forward`](Self::forward) as tensor ops of `B`, block by block.
+    pub fn forward_tensor_ops(&self) -> (Tensor<B, 4>, Tensor<B, 4>) {
         let [batch, heads, _, _] = self.q.dims();
         let d_v = self.v.dims()[3];
         let device = self.q.device();
@@ -116,7 +125,12 @@ impl<B: Backend> Blockwise<B> {
             let n = rows.len();
             if keys == 0 {
                 outputs.push(Tensor::zeros([batch, heads, n, d_v], &device));
-                lses.push(Tensor::zeros([batch, heads, n, 1], &device));
+                // As a fully masked row within a block gets below.
+                lses.push(Tensor::full(
+                    [batch, heads, n, 1],
+                    f32::MIN_POSITIVE.ln(),
+                    &device,
+                ));
                 continue;
             }
             let scores = self.scores(&rows, keys);
@@ -134,8 +148,22 @@ impl<B: Backend> Blockwise<B> {
     }
 
     /// The gradients of `Σ grad_output ⊙ output` with respect to `q`, `k` and `v`, given the
-    /// forward pass's `output` and `lse`.
+    /// forward pass's `output` and `lse` (on host-memory backends as one kernel, as
+    /// [`forward`](Self::forward)).
     pub fn backward(
+        &self,
+        output: Tensor<B, 4>,
+        lse: Tensor<B, 4>,
+        grad_output: Tensor<B, 4>,
+    ) -> BlockwiseGrads<B> {
+        if super::host::applies(self) {
+            return super::host::backward(self, output, lse, grad_output);
+        }
+        self.backward_tensor_ops(output, lse, grad_output)
+    }
+
+    /// [`backward`](Self::backward) as tensor ops of `B`, block by block.
+    pub fn backward_tensor_ops(
         &self,
         output: Tensor<B, 4>,
         lse: Tensor<B, 4>,

@@ -9,6 +9,8 @@ mod coupled;
 mod differential;
 #[cfg(feature = "autodiff")]
 mod flash;
+#[cfg(feature = "autodiff")]
+mod host;
 mod input;
 mod kernel;
 mod mask;

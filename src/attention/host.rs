@@ -1,0 +1,695 @@
+//! The flash scorer's kernel for backends whose tensors live in host memory (Flex, NdArray): the
+//! passes of [`blockwise`](super::blockwise) as one loop nest per (batch, head) over `f32`
+//! slices, the block products on `gemm` and the exponentials vectorised, so a block's scores stay
+//! in cache and never become a tensor.
+//!
+//! Written as tensor ops, a block is a dozen passes over `[batch, heads, rows, keys]` memory and
+//! Flex evaluates `exp` with scalar calls (results/performance.md); here a block of [`ROWS`]
+//! queries holds two `ROWS × s_k` scratch rows. The arithmetic and its conventions (causality
+//! aligned at the bottom right; a query that sees no key gets a zero output, zero gradients and
+//! the log-normaliser `ln f32::MIN_POSITIVE`, that of an empty sum clamped) are those of the tensor-op version, which the tests
+//! compare it with.
+
+use super::blockwise::{Blockwise, BlockwiseGrads};
+use burn::tensor::{DType, Tensor, TensorData, backend::Backend};
+use rayon::prelude::*;
+
+/// Query rows per block: a block's scores and their gradient, `ROWS × s_k` floats each, stay in a
+/// core's L2 cache for contexts of a few thousand keys.
+const ROWS: usize = 64;
+
+/// Whether `B` keeps its tensors in host memory, so that the flash op runs on this kernel.
+pub(crate) fn runs_on_host<B: Backend>(device: &B::Device) -> bool {
+    matches!(B::name(device).as_str(), "flex" | "ndarray")
+}
+
+/// Whether this kernel computes `blockwise`: a host backend and `f32` tensors.
+pub(crate) fn applies<B: Backend>(blockwise: &Blockwise<B>) -> bool {
+    runs_on_host::<B>(&blockwise.q.device())
+        && [&blockwise.q, &blockwise.k, &blockwise.v]
+            .iter()
+            .all(|t| t.dtype() == DType::F32)
+}
+
+/// [`Blockwise::forward`] on this kernel: the output and the log-normalisers `[b, h, s_q, 1]`.
+pub(crate) fn forward<B: Backend>(blockwise: &Blockwise<B>) -> (Tensor<B, 4>, Tensor<B, 4>) {
+    let dims = Dims::of(blockwise);
+    let mask = blockwise.mask.clone().map(bools);
+    let (output, lse) = forward_host(
+        &floats(blockwise.q.clone()),
+        &floats(blockwise.k.clone()),
+        &floats(blockwise.v.clone()),
+        mask.as_deref(),
+        dims,
+    );
+    let [batch, heads, s_q, _] = blockwise.q.dims();
+    let device = blockwise.q.device();
+    (
+        tensor(output, [batch, heads, s_q, dims.d_v], &device),
+        tensor(lse, [batch, heads, s_q, 1], &device),
+    )
+}
+
+/// [`Blockwise::backward`] on this kernel.
+pub(crate) fn backward<B: Backend>(
+    blockwise: &Blockwise<B>,
+    output: Tensor<B, 4>,
+    lse: Tensor<B, 4>,
+    grad_output: Tensor<B, 4>,
+) -> BlockwiseGrads<B> {
+    let dims = Dims::of(blockwise);
+    let mask = blockwise.mask.clone().map(bools);
+    let grads = backward_host(
+        Inputs {
+            q: &floats(blockwise.q.clone()),
+            k: &floats(blockwise.k.clone()),
+            v: &floats(blockwise.v.clone()),
+            mask: mask.as_deref(),
+        },
+        &floats(output),
+        &floats(lse),
+        &floats(grad_output),
+        dims,
+    );
+    let device = blockwise.q.device();
+    BlockwiseGrads {
+        q: tensor(grads.q, blockwise.q.dims(), &device),
+        k: tensor(grads.k, blockwise.k.dims(), &device),
+        v: tensor(grads.v, blockwise.v.dims(), &device),
+    }
+}
+
+fn floats<B: Backend>(t: Tensor<B, 4>) -> Vec<f32> {
+    t.into_data()
+        .into_vec::<f32>()
+        .expect("the host kernel runs on f32 tensors only (`applies`)")
+}
+
+fn bools<B: Backend>(t: Tensor<B, 4, burn::tensor::Bool>) -> Vec<bool> {
+    t.into_data()
+        .into_vec::<bool>()
+        .expect("a bool tensor's data are bools")
+}
+
+fn tensor<B: Backend>(data: Vec<f32>, shape: [usize; 4], device: &B::Device) -> Tensor<B, 4> {
+    Tensor::from_data(TensorData::new(data, shape), device)
+}
+
+/// Sizes of one attention, with `bh` = batch × heads.
+#[derive(Clone, Copy, Debug)]
+struct Dims {
+    bh: usize,
+    s_q: usize,
+    s_k: usize,
+    d: usize,
+    d_v: usize,
+    causal: bool,
+    scale: f32,
+}
+
+impl Dims {
+    fn of<B: Backend>(blockwise: &Blockwise<B>) -> Self {
+        let [batch, heads, s_q, d] = blockwise.q.dims();
+        let [_, _, s_k, d_v] = blockwise.v.dims();
+        Dims {
+            bh: batch * heads,
+            s_q,
+            s_k,
+            d,
+            d_v,
+            causal: blockwise.causal,
+            scale: (1.0 / (d as f64).sqrt()) as f32,
+        }
+    }
+
+    /// How many leading keys query `i` sees.
+    fn visible(&self, i: usize) -> usize {
+        match self.causal {
+            true => (i + 1 + self.s_k).saturating_sub(self.s_q).min(self.s_k),
+            false => self.s_k,
+        }
+    }
+}
+
+/// One (batch, head)'s inputs, or all of them.
+#[derive(Clone, Copy)]
+struct Inputs<'a> {
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    mask: Option<&'a [bool]>,
+}
+
+impl<'a> Inputs<'a> {
+    /// The slices of (batch, head) `h`.
+    fn head(&self, h: usize, dims: Dims) -> Inputs<'a> {
+        let Dims {
+            s_q, s_k, d, d_v, ..
+        } = dims;
+        Inputs {
+            q: &self.q[h * s_q * d..][..s_q * d],
+            k: &self.k[h * s_k * d..][..s_k * d],
+            v: &self.v[h * s_k * d_v..][..s_k * d_v],
+            mask: self.mask.map(|m| &m[h * s_q * s_k..][..s_q * s_k]),
+        }
+    }
+
+    /// `scale · q[start..start + n] · k[..keys]ᵀ` into `scores` (`n × keys`, row-major).
+    fn scores(&self, scores: &mut [f32], start: usize, n: usize, keys: usize, dims: Dims) {
+        let d = dims.d;
+        let q = Mat::rows(&self.q[start * d..][..n * d], d);
+        let k_t = Mat::transposed(&self.k[..keys * d], d);
+        gemm(scores, keys, false, q, k_t, [n, keys, d], dims.scale);
+    }
+
+    /// The mask of query `i` over the first `keys` keys (`true`: hidden).
+    fn mask_row(&self, i: usize, keys: usize, s_k: usize) -> Option<&'a [bool]> {
+        self.mask.map(|m| &m[i * s_k..][..keys])
+    }
+}
+
+/// The forward pass: the output `[bh, s_q, d_v]` and the log-normalisers `[bh, s_q]`.
+fn forward_host(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    mask: Option<&[bool]>,
+    dims: Dims,
+) -> (Vec<f32>, Vec<f32>) {
+    let Dims { bh, s_q, d_v, .. } = dims;
+    let all = Inputs { q, k, v, mask };
+    let mut output = vec![0.0; bh * s_q * d_v];
+    let mut lse = vec![0.0; bh * s_q];
+    if s_q == 0 {
+        return (output, lse);
+    }
+    // Every (head, block of queries) is independent: one task each.
+    output
+        .par_chunks_mut(s_q * d_v)
+        .zip(lse.par_chunks_mut(s_q))
+        .enumerate()
+        .flat_map(|(h, (output, lse))| {
+            output
+                .par_chunks_mut(ROWS * d_v)
+                .zip(lse.par_chunks_mut(ROWS))
+                .enumerate()
+                .map(move |(b, (output, lse))| (h, b * ROWS, output, lse))
+        })
+        .for_each(|(h, start, output, lse)| {
+            let head = all.head(h, dims);
+            let n = lse.len();
+            let keys = dims.visible(start + n - 1);
+            if keys == 0 {
+                lse.fill(f32::MIN_POSITIVE.ln());
+                return;
+            }
+            let mut weights = vec![0.0; n * keys];
+            head.scores(&mut weights, start, n, keys, dims);
+            pulp::Arch::new().dispatch(SoftmaxRows {
+                weights: &mut weights,
+                lse,
+                keys,
+                start,
+                head,
+                dims,
+            });
+            let v = Mat::rows(&head.v[..keys * d_v], d_v);
+            gemm(
+                output,
+                d_v,
+                false,
+                Mat::rows(&weights, keys),
+                v,
+                [n, d_v, keys],
+                1.0,
+            );
+        });
+    (output, lse)
+}
+
+/// The gradients of `q`, `k` and `v`.
+struct Grads {
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+}
+
+/// The backward pass: each (batch, head) recomputes its blocks' probabilities from `q`, `k` and
+/// the log-normalisers, and sums its blocks' key and value gradients in place.
+fn backward_host(
+    all: Inputs<'_>,
+    output: &[f32],
+    lse: &[f32],
+    grad_output: &[f32],
+    dims: Dims,
+) -> Grads {
+    let Dims {
+        bh,
+        s_q,
+        s_k,
+        d,
+        d_v,
+        ..
+    } = dims;
+    let mut grads = Grads {
+        q: vec![0.0; bh * s_q * d],
+        k: vec![0.0; bh * s_k * d],
+        v: vec![0.0; bh * s_k * d_v],
+    };
+    if s_q == 0 || s_k == 0 {
+        return grads;
+    }
+    grads
+        .q
+        .par_chunks_mut(s_q * d)
+        .zip(grads.k.par_chunks_mut(s_k * d))
+        .zip(grads.v.par_chunks_mut(s_k * d_v))
+        .enumerate()
+        .for_each(|(h, ((grad_q, grad_k), grad_v))| {
+            let head = all.head(h, dims);
+            let output = &output[h * s_q * d_v..][..s_q * d_v];
+            let grad_output = &grad_output[h * s_q * d_v..][..s_q * d_v];
+            let lse = &lse[h * s_q..][..s_q];
+            // D_i = Σ_c dO_ic·O_ic = Σ_j P_ij·dP_ij, the softmax backward's row term.
+            let delta: Vec<f32> = grad_output
+                .chunks_exact(d_v)
+                .zip(output.chunks_exact(d_v))
+                .map(|(g, o)| g.iter().zip(o).map(|(g, o)| g * o).sum())
+                .collect();
+            let mut weights = Vec::new();
+            let mut grad_scores = Vec::new();
+            for start in (0..s_q).step_by(ROWS) {
+                let n = ROWS.min(s_q - start);
+                let keys = dims.visible(start + n - 1);
+                if keys == 0 {
+                    continue;
+                }
+                weights.resize(n * keys, 0.0);
+                grad_scores.resize(n * keys, 0.0);
+                head.scores(&mut weights, start, n, keys, dims);
+                pulp::Arch::new().dispatch(ProbabilityRows {
+                    weights: &mut weights,
+                    lse: &lse[start..start + n],
+                    keys,
+                    start,
+                    head,
+                    dims,
+                });
+                let grad_out = Mat::rows(&grad_output[start * d_v..][..n * d_v], d_v);
+                // dV[..keys] += Pᵀ·dO
+                let weights_t = Mat::transposed(&weights, keys);
+                gemm(grad_v, d_v, true, weights_t, grad_out, [keys, d_v, n], 1.0);
+                // dP = dO·Vᵀ, then dS = P ⊙ (dP − D) in its place.
+                let v_t = Mat::transposed(&head.v[..keys * d_v], d_v);
+                gemm(
+                    &mut grad_scores,
+                    keys,
+                    false,
+                    grad_out,
+                    v_t,
+                    [n, keys, d_v],
+                    1.0,
+                );
+                for ((ds, p), delta) in grad_scores
+                    .chunks_exact_mut(keys)
+                    .zip(weights.chunks_exact(keys))
+                    .zip(&delta[start..start + n])
+                {
+                    ds.iter_mut()
+                        .zip(p)
+                        .for_each(|(ds, p)| *ds = p * (*ds - delta));
+                }
+                // dQ = scale·dS·K, dK[..keys] += scale·dSᵀ·Q
+                let k = Mat::rows(&head.k[..keys * d], d);
+                let grad_q = &mut grad_q[start * d..][..n * d];
+                let ds = Mat::rows(&grad_scores, keys);
+                gemm(grad_q, d, false, ds, k, [n, d, keys], dims.scale);
+                let q = Mat::rows(&head.q[start * d..][..n * d], d);
+                let ds_t = Mat::transposed(&grad_scores, keys);
+                gemm(grad_k, d, true, ds_t, q, [keys, d, n], dims.scale);
+            }
+        });
+    grads
+}
+
+/// A matrix read from a slice with a row and a column stride.
+#[derive(Clone, Copy)]
+struct Mat<'a> {
+    data: &'a [f32],
+    row_stride: usize,
+    col_stride: usize,
+}
+
+impl<'a> Mat<'a> {
+    /// Row-major with `cols` columns.
+    fn rows(data: &'a [f32], cols: usize) -> Self {
+        Mat {
+            data,
+            row_stride: cols,
+            col_stride: 1,
+        }
+    }
+
+    /// The transpose of a row-major matrix with `cols` columns.
+    fn transposed(data: &'a [f32], cols: usize) -> Self {
+        Mat {
+            data,
+            row_stride: 1,
+            col_stride: cols,
+        }
+    }
+
+    /// Whether a `rows × cols` matrix fits in the slice.
+    fn holds(&self, rows: usize, cols: usize) -> bool {
+        rows == 0
+            || cols == 0
+            || (rows - 1) * self.row_stride + (cols - 1) * self.col_stride < self.data.len()
+    }
+}
+
+/// `dst = alpha·dst + beta·(a·b)` over `[m, n, k]` (`a`: `m × k`, `b`: `k × n`), `dst` row-major
+/// with row stride `dst_stride`; `alpha` is 1 if `accumulate`, else `dst` is overwritten.
+///
+/// # Panics
+/// If a matrix does not fit in its slice.
+fn gemm(
+    dst: &mut [f32],
+    dst_stride: usize,
+    accumulate: bool,
+    a: Mat<'_>,
+    b: Mat<'_>,
+    [m, n, k]: [usize; 3],
+    beta: f32,
+) {
+    let fits = m == 0 || n == 0 || (m - 1) * dst_stride + n - 1 < dst.len();
+    assert!(
+        fits && a.holds(m, k) && b.holds(k, n),
+        "gemm: a [{m}, {k}] · b [{k}, {n}] does not fit its slices"
+    );
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !accumulate {
+            (0..m).for_each(|r| dst[r * dst_stride..][..n].fill(0.0));
+        }
+        return;
+    }
+    // SAFETY: the asserts above keep every element gemm reads or writes inside its slice: rows
+    // `0..m` and columns `0..n` of dst, `0..m × 0..k` of a, `0..k × 0..n` of b, each at
+    // `row·row_stride + col·col_stride`; dst is borrowed mutably, so no other matrix aliases it.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            dst_stride as isize,
+            accumulate,
+            a.data.as_ptr(),
+            a.col_stride as isize,
+            a.row_stride as isize,
+            b.data.as_ptr(),
+            b.col_stride as isize,
+            b.row_stride as isize,
+            1.0,
+            beta,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
+}
+
+/// A forward block's rows: scores to probabilities in place, and each row's log-normaliser.
+struct SoftmaxRows<'a> {
+    weights: &'a mut [f32],
+    lse: &'a mut [f32],
+    keys: usize,
+    start: usize,
+    head: Inputs<'a>,
+    dims: Dims,
+}
+
+impl pulp::WithSimd for SoftmaxRows<'_> {
+    type Output = ();
+
+    // Inlined into pulp's `#[target_feature]` entry point with the helpers it calls, so that their
+    // vector ops are the machine's (AVX2 and FMA on x86-64 where present).
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, simd: S) {
+        let SoftmaxRows {
+            weights,
+            lse,
+            keys,
+            start,
+            head,
+            dims,
+        } = self;
+        for (r, (row, lse)) in weights.chunks_exact_mut(keys).zip(lse).enumerate() {
+            let i = start + r;
+            // A row that sees no key is shifted by 0: its exponentials of −∞ are all 0.
+            let shift = hide(row, dims.visible(i), head.mask_row(i, keys, dims.s_k)).unwrap_or(0.0);
+            let sum = exp_shifted(simd, row, shift).max(f32::MIN_POSITIVE);
+            *lse = shift + sum.ln();
+            let inverse = 1.0 / sum;
+            row.iter_mut().for_each(|p| *p *= inverse);
+        }
+    }
+}
+
+/// A backward block's rows: scores to the forward pass's probabilities, from its log-normalisers.
+struct ProbabilityRows<'a> {
+    weights: &'a mut [f32],
+    lse: &'a [f32],
+    keys: usize,
+    start: usize,
+    head: Inputs<'a>,
+    dims: Dims,
+}
+
+impl pulp::WithSimd for ProbabilityRows<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, simd: S) {
+        let ProbabilityRows {
+            weights,
+            lse,
+            keys,
+            start,
+            head,
+            dims,
+        } = self;
+        for (r, (row, &lse)) in weights.chunks_exact_mut(keys).zip(lse).enumerate() {
+            let i = start + r;
+            hide(row, dims.visible(i), head.mask_row(i, keys, dims.s_k));
+            exp_shifted(simd, row, lse);
+        }
+    }
+}
+
+/// Sets a score row's hidden entries (from `visible` on, or `true` in `mask`) to `−∞` and
+/// returns the largest score it sees (`None` when it sees none).
+#[inline(always)]
+fn hide(row: &mut [f32], visible: usize, mask: Option<&[bool]>) -> Option<f32> {
+    row[visible..].fill(f32::NEG_INFINITY);
+    let row = &mut row[..visible];
+    if let Some(mask) = mask {
+        for (s, &masked) in row.iter_mut().zip(mask) {
+            *s = if masked { f32::NEG_INFINITY } else { *s };
+        }
+    }
+    // Eight running maxima, a vector's lanes, so that the loop vectorises.
+    let mut lanes = [f32::NEG_INFINITY; 8];
+    let mut chunks = row.chunks_exact(8);
+    for chunk in &mut chunks {
+        for (max, &s) in lanes.iter_mut().zip(chunk) {
+            *max = max.max(s);
+        }
+    }
+    let max = chunks
+        .remainder()
+        .iter()
+        .chain(&lanes)
+        .fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+    (max > f32::NEG_INFINITY).then_some(max)
+}
+
+/// `x ← exp(x − shift)` over `row`, a vector at a time; returns `Σ x`.
+#[inline(always)]
+fn exp_shifted<S: pulp::Simd>(simd: S, row: &mut [f32], shift: f32) -> f32 {
+    let (vectors, tail) = S::as_mut_simd_f32s(row);
+    let shift_v = simd.splat_f32s(shift);
+    let mut sum = simd.splat_f32s(0.0);
+    for x in vectors {
+        *x = exp(simd, simd.sub_f32s(*x, shift_v));
+        sum = simd.add_f32s(sum, *x);
+    }
+    let scalar = pulp::Scalar::new();
+    let mut tail_sum = 0.0;
+    for x in tail {
+        *x = exp(scalar, *x - shift);
+        tail_sum += *x;
+    }
+    simd.reduce_sum_f32s(sum) + tail_sum
+}
+
+/// `eˣ` lane by lane, within 2 ulp: Cody–Waite reduction `x = n·ln 2 + r` and a degree-6
+/// polynomial for `eʳ` (Cephes' `expf` coefficients), `2ⁿ` built in the exponent bits. `−∞` and
+/// anything below `ln` of the smallest normal float give 0; NaN stays NaN.
+#[inline(always)]
+fn exp<S: pulp::Simd>(simd: S, x: S::f32s) -> S::f32s {
+    const LOWEST: f32 = -87.33; // just above ln(f32::MIN_POSITIVE)
+    const HIGHEST: f32 = 88.37; // just below ln(f32::MAX)
+    // 1.5·2²³: adding it rounds to an integer n, which the sum holds in its low mantissa bits.
+    const ROUND: f32 = 12_582_912.0;
+    let splat = |c: f32| simd.splat_f32s(c);
+    let clamped = simd.min_f32s(simd.max_f32s(x, splat(LOWEST)), splat(HIGHEST));
+    let rounded = simd.mul_add_f32s(clamped, splat(std::f32::consts::LOG2_E), splat(ROUND));
+    let n = simd.sub_f32s(rounded, splat(ROUND));
+    let r = simd.mul_add_f32s(n, splat(-0.693_359_4), clamped);
+    let r = simd.mul_add_f32s(n, splat(2.121_944_4e-4), r);
+    let mut p = splat(1.987_569_1e-4);
+    for c in [
+        1.398_2e-3,
+        8.333_452e-3,
+        4.166_579_6e-2,
+        1.666_666_5e-1,
+        0.5,
+    ] {
+        p = simd.mul_add_f32s(p, r, splat(c));
+    }
+    let p = simd.mul_add_f32s(simd.mul_f32s(p, r), r, simd.add_f32s(r, splat(1.0)));
+    // `rounded`'s bits are 0x4B40_0000 + n for n in −126..=127; 2ⁿ's are (n + 127)·2²³.
+    let exponent = simd.sub_u32s(
+        simd.transmute_u32s_f32s(rounded),
+        simd.splat_u32s(0x4B40_0000 - 127),
+    );
+    let two_n = simd.transmute_f32s_u32s(simd.mul_u32s(exponent, simd.splat_u32s(1 << 23)));
+    let y = simd.mul_f32s(p, two_n);
+    let y = simd.select_f32s(simd.less_than_f32s(x, splat(LOWEST)), splat(0.0), y);
+    // NaN is the one value unequal to itself.
+    simd.select_f32s(simd.equal_f32s(x, x), y, x)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::backend::Flex;
+    use burn::tensor::{Bool, Distribution, Tolerance};
+
+    /// Flex's tensors are in host memory: its flash op runs on this kernel.
+    #[test]
+    fn flex_runs_on_the_host_kernel() {
+        let device = Default::default();
+        let q = Tensor::<Flex, 4>::zeros([1, 1, 2, 4], &device);
+        let blockwise = Blockwise {
+            q: q.clone(),
+            k: q.clone(),
+            v: q,
+            mask: None,
+            causal: true,
+            block_rows: 1,
+        };
+        assert!(applies(&blockwise));
+    }
+
+    /// The kernel's output, log-normalisers and gradients equal the tensor-op passes': causal and
+    /// not, with fewer, as many and more queries than keys, several blocks and a partial last
+    /// one, a value width unlike the key width, and a mask that hides whole rows.
+    #[test]
+    fn kernel_equals_the_tensor_op_passes() {
+        let device = Default::default();
+        let tolerance = Tolerance::<f32>::relative(1e-5).set_absolute(1e-6);
+        let random = |shape: [usize; 4]| {
+            Tensor::<Flex, 4>::random(shape, Distribution::Normal(0.0, 1.0), &device)
+        };
+        for (s_q, s_k) in [(150, 150), (70, 150), (150, 97), (5, 5)] {
+            let (d, d_v) = (8, 12);
+            let len = 2 * 3 * s_q * s_k;
+            let mut bits = vec![false; len];
+            bits[..s_k].fill(true); // query 0 of (batch 0, head 0) sees nothing
+            bits[70 * s_k % len] = true;
+            bits[(5 * s_q * s_k + 3) % len] = true;
+            let mask = Tensor::<Flex, 4, Bool>::from_bool(
+                TensorData::new(bits, [2, 3, s_q, s_k]),
+                &device,
+            );
+            for causal in [false, true] {
+                for mask in [None, Some(mask.clone())] {
+                    let blockwise = Blockwise {
+                        q: random([2, 3, s_q, d]),
+                        k: random([2, 3, s_k, d]),
+                        v: random([2, 3, s_k, d_v]),
+                        mask,
+                        causal,
+                        block_rows: 16,
+                    };
+                    let grad_output = random([2, 3, s_q, d_v]);
+                    let (output, lse) = forward(&blockwise);
+                    let (expected_output, expected_lse) = blockwise.forward_tensor_ops();
+                    let grads =
+                        backward(&blockwise, output.clone(), lse.clone(), grad_output.clone());
+                    let expected =
+                        blockwise.backward_tensor_ops(output.clone(), lse.clone(), grad_output);
+                    let pairs = [
+                        (output, expected_output),
+                        (lse, expected_lse),
+                        (grads.q, expected.q),
+                        (grads.k, expected.k),
+                        (grads.v, expected.v),
+                    ];
+                    for (got, expected) in pairs {
+                        got.into_data()
+                            .assert_approx_eq::<f32>(&expected.into_data(), tolerance);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The vectorised exponential is within 2 ulp of the standard library's over the range the
+    /// kernel feeds it, and exact at its edges.
+    #[test]
+    fn exp_matches_the_standard_library() {
+        let mut worst = 0.0f64;
+        let exp = |x: f32| exp(pulp::Scalar::new(), x);
+        for i in 0..=200_000 {
+            let x = -87.0 + 97.0 * i as f32 / 200_000.0;
+            let (got, expected) = (exp(x) as f64, (x as f64).exp());
+            worst = worst.max(((got - expected) / expected).abs());
+        }
+        assert!(worst < 2.5e-7, "largest relative error {worst}");
+        assert_eq!(exp(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp(-100.0), 0.0);
+        assert_eq!(exp(0.0), 1.0);
+        assert!(exp(f32::NAN).is_nan());
+    }
+
+    /// `exp_shifted` exponentiates every element with the machine's vectors, the remainder past
+    /// the last full vector too, and returns their sum.
+    #[test]
+    fn exp_shifted_covers_every_element() {
+        let mut row: Vec<f32> = (0..19).map(|i| i as f32 * 0.25).collect();
+        struct ExpShifted<'a>(&'a mut [f32]);
+        impl pulp::WithSimd for ExpShifted<'_> {
+            type Output = f32;
+            fn with_simd<S: pulp::Simd>(self, simd: S) -> f32 {
+                exp_shifted(simd, self.0, 1.0)
+            }
+        }
+        let sum = pulp::Arch::new().dispatch(ExpShifted(&mut row));
+        for (i, x) in row.iter().enumerate() {
+            let expected = (i as f32 * 0.25 - 1.0).exp();
+            assert!(
+                (x - expected).abs() <= 1e-6 * expected,
+                "element {i}: {x} vs {expected}"
+            );
+        }
+        let expected: f32 = (0..19).map(|i| (i as f32 * 0.25 - 1.0).exp()).sum();
+        assert!((sum - expected).abs() <= 1e-5 * expected);
+    }
+}
