@@ -79,20 +79,48 @@ pub(crate) fn backward<B: Backend>(
     }
 }
 
+/// `t`'s values head-major, `[b, h, s, d]` flat. Read token-major (`[b, s, h, d]`), where the
+/// layers keep their queries, keys and values (their `[b, h, s, d]` views are transposes): on
+/// Flex that read is one contiguous copy, where a head-major read gathers element by element.
 fn floats<B: Backend>(t: Tensor<B, 4>) -> Vec<f32> {
-    t.into_data()
+    let [batch, heads, seq, d] = t.dims();
+    let token_major = t
+        .swap_dims(1, 2)
+        .into_data()
         .into_vec::<f32>()
-        .expect("the host kernel runs on f32 tensors only (`applies`)")
+        .expect("the host kernel runs on f32 tensors only (`applies`)");
+    swap_middle(&token_major, [batch, seq, heads, d])
+}
+
+/// A `[b, h, s, d]` tensor of head-major values, stored token-major (the layout [`floats`] reads
+/// fastest and the layers reshape without a copy).
+fn tensor<B: Backend>(data: Vec<f32>, shape: [usize; 4], device: &B::Device) -> Tensor<B, 4> {
+    let [batch, heads, seq, d] = shape;
+    let token_major = swap_middle(&data, shape);
+    Tensor::<B, 4>::from_data(TensorData::new(token_major, [batch, seq, heads, d]), device)
+        .swap_dims(1, 2)
+}
+
+/// `[a, x, y, d]` → `[a, y, x, d]`, rows of `d` at a time.
+fn swap_middle(data: &[f32], [_, x, y, d]: [usize; 4]) -> Vec<f32> {
+    let mut out = vec![0.0; data.len()];
+    if data.is_empty() {
+        return out;
+    }
+    for (outer, out) in out.chunks_exact_mut(x * y * d).enumerate() {
+        let data = &data[outer * x * y * d..][..x * y * d];
+        for (row, out) in out.chunks_exact_mut(d).enumerate() {
+            let (j, i) = (row / x, row % x); // out row (j, i) is data row (i, j)
+            out.copy_from_slice(&data[(i * y + j) * d..][..d]);
+        }
+    }
+    out
 }
 
 fn bools<B: Backend>(t: Tensor<B, 4, burn::tensor::Bool>) -> Vec<bool> {
     t.into_data()
         .into_vec::<bool>()
         .expect("a bool tensor's data are bools")
-}
-
-fn tensor<B: Backend>(data: Vec<f32>, shape: [usize; 4], device: &B::Device) -> Tensor<B, 4> {
-    Tensor::from_data(TensorData::new(data, shape), device)
 }
 
 /// Sizes of one attention, with `bh` = batch × heads.
