@@ -33,8 +33,9 @@ fn chunk_sizes() -> [usize; 7] {
     [1, 3, 4, 7, N, 64, default_chunk_rows(VOCAB)]
 }
 
-/// A gradient whose every entry is below this is zero up to rounding.
-const ZERO: f64 = 1e-10;
+/// A parameter's gradient whose every entry is below this fraction of the model's largest
+/// gradient entry is zero up to f32 rounding.
+const ZERO: f64 = 1e-5;
 
 fn largest(values: &[f64]) -> f64 {
     values.iter().fold(0.0f64, |m, x| m.max(x.abs()))
@@ -347,6 +348,15 @@ fn the_gpt_loss_through_its_hidden_states_equals_its_logits_loss_tied_and_untied
     for tied in [true, false] {
         let model = gpt(tied);
         let (expected_loss, expected) = gpt_loss(&model, false, 0);
+        let zero = ZERO
+            * largest(
+                &expected
+                    .iter()
+                    .flatten()
+                    .flatten()
+                    .copied()
+                    .collect::<Vec<_>>(),
+            );
         for chunk in [3, 5, 14] {
             let (loss, got) = gpt_loss(&model, true, chunk);
             let case = format!("tied {tied}, chunk {chunk}");
@@ -357,10 +367,10 @@ fn the_gpt_loss_through_its_hidden_states_equals_its_logits_loss_tied_and_untied
                     panic!("{case}: parameter {i} has a gradient on one path only");
                 };
                 let what = format!("{case}: gradient of parameter {i}");
-                if largest(e) < ZERO {
+                if largest(e) < zero {
                     // A gradient that is zero but for rounding (a key bias: softmax ignores a
                     // shift of every score of a row) has no scale to be relative to.
-                    assert!(largest(g) < ZERO, "{what}: {:e} where 0", largest(g));
+                    assert!(largest(g) < zero, "{what}: {:e} where 0", largest(g));
                 } else {
                     assert_close(e, g, &what);
                 }

@@ -1,7 +1,9 @@
-//! The fused linear cross-entropy: the LM head and the token loss as one autodiff op whose
-//! forward and backward passes go over row chunks, so that neither holds the `[n, vocab]` logits
-//! or log-probabilities. The backward pass recomputes each chunk's logits from the saved hidden
-//! states and head (one more `[c, d] × [d, v]` product per chunk) instead of keeping them.
+//! The fused linear cross-entropy: the LM head and the token loss as one autodiff op that goes
+//! over row chunks, so that it never holds the `[n, vocab]` logits or log-probabilities. The
+//! loss is a scalar at the end of the graph, so its forward pass computes the gradients as well,
+//! chunk by chunk, from each chunk's own softmax (three `[c, d] × [d, v]`-sized products per
+//! chunk, as an explicit loss makes), and its backward pass scales them by the gradient that
+//! reaches it.
 //!
 //! It is a custom op of Burn's [`Autodiff`] backend, written with the inner backend's tensor ops,
 //! so it runs on every backend that Autodiff wraps; [`FusedLoss`] exposes it, with a blanket
@@ -10,7 +12,6 @@
 use super::linear_loss::{LinearLoss, Wanted};
 use crate::attention::FlashAttention;
 use burn::backend::Autodiff;
-use burn::backend::autodiff::NodeId;
 use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
@@ -44,8 +45,10 @@ impl<B: FusedLoss + FlashAttention> FusedOps for B {}
 /// `bias`. Without `weight` every row counts once; divide by `n` (or `Σ weight`) for the mean.
 /// `targets` and `weight` are constants: no gradient flows into `weight`.
 ///
-/// The backward pass holds, besides the gradients, one chunk's `[chunk_rows, vocab]` logits and
-/// their softmax at a time; the forward pass keeps only each row's log-normaliser `[n]`.
+/// Tracked by autodiff, the forward pass computes the gradients of the inputs that need one
+/// (for an upstream gradient of 1), holding one chunk's `[chunk_rows, vocab]` logits and softmax
+/// at a time; the graph keeps those gradients (the sizes of `hidden`, `head` and `bias`) instead
+/// of the inputs, and the backward pass scales them.
 ///
 /// # Shapes
 /// - `hidden`: `[n, d]`; `head`: `[vocab, d]`; `bias`: `[vocab]`
@@ -75,18 +78,16 @@ pub fn fused_linear_cross_entropy<B: FusedLoss>(
     )))
 }
 
-/// What the backward pass keeps: the inputs' checkpoints, the constants, and each row's
-/// log-normaliser.
+/// What the backward pass keeps: the gradients of the loss for an upstream gradient of 1, of
+/// the parents that need one.
 #[derive(Clone, Debug)]
 struct Saved<B: Backend> {
-    hidden: NodeId,
-    head: NodeId,
-    bias: Option<NodeId>,
-    targets: IntTensor<B>,
-    weight: Option<FloatTensor<B>>,
-    /// `[n]`.
-    lse: FloatTensor<B>,
-    chunk_rows: usize,
+    /// `[n, d]`.
+    hidden: Option<FloatTensor<B>>,
+    /// `[vocab, d]`.
+    head: Option<FloatTensor<B>>,
+    /// `[vocab]`.
+    bias: Option<FloatTensor<B>>,
 }
 
 /// The backward step; its parents are `[hidden, head, bias]`.
@@ -100,37 +101,25 @@ impl<B: Backend> Backward<B, 3> for FusedLinearCrossEntropy {
         self,
         ops: Ops<Self::State, 3>,
         grads: &mut Gradients,
-        checkpointer: &mut Checkpointer,
+        _checkpointer: &mut Checkpointer,
     ) {
         let [hidden_node, head_node, bias_node] = ops.parents;
-        let grad = grads.consume::<B>(&ops.node);
+        // The loss is `[1]`: the gradient reaching it is one number, which scales each saved one.
+        let grad =
+            Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(grads.consume::<B>(&ops.node)));
         let saved = ops.state;
-        let float = |t: FloatTensor<B>| Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(t));
-        let vector = |t: FloatTensor<B>| Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(t));
-        let loss = LinearLoss {
-            hidden: float(checkpointer.retrieve_node_output(saved.hidden)),
-            head: float(checkpointer.retrieve_node_output(saved.head)),
-            bias: saved
-                .bias
-                .map(|id| vector(checkpointer.retrieve_node_output(id))),
-            targets: Tensor::from_primitive(saved.targets),
-            weight: saved.weight.map(vector),
-            chunk_rows: saved.chunk_rows,
+        let matrix = |t: FloatTensor<B>| {
+            let t = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(t));
+            (t * grad.clone().reshape([1, 1])).into_primitive().tensor()
         };
-        let wanted = Wanted {
-            hidden: hidden_node.is_some(),
-            head: head_node.is_some(),
-            bias: bias_node.is_some() && loss.bias.is_some(),
-        };
-        let out = loss.backward(vector(saved.lse), vector(grad), wanted);
-        let primitive = |t: Option<Tensor<B, 2>>| t.map(|t| t.into_primitive().tensor());
-        if let (Some(node), Some(g)) = (hidden_node, primitive(out.hidden)) {
-            grads.register::<B>(node.id, g);
+        if let (Some(node), Some(g)) = (hidden_node, saved.hidden) {
+            grads.register::<B>(node.id, matrix(g));
         }
-        if let (Some(node), Some(g)) = (head_node, primitive(out.head)) {
-            grads.register::<B>(node.id, g);
+        if let (Some(node), Some(g)) = (head_node, saved.head) {
+            grads.register::<B>(node.id, matrix(g));
         }
-        if let (Some(node), Some(g)) = (bias_node, out.bias) {
+        if let (Some(node), Some(g)) = (bias_node, saved.bias) {
+            let g = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(g)) * grad;
             grads.register::<B>(node.id, g.into_primitive().tensor());
         }
     }
@@ -174,23 +163,22 @@ impl<B: Backend, C: CheckpointStrategy> FusedLoss for Autodiff<B, C> {
             .compute_bound()
             .stateful()
         {
-            OpsKind::Tracked(mut prep) => {
-                let (total, lse) = loss.forward(true);
-                let lse = lse.expect("asked for").into_primitive().tensor();
+            OpsKind::Tracked(prep) => {
+                let wanted = Wanted {
+                    hidden: !hidden.node.requirement.is_none(),
+                    head: !head.node.requirement.is_none(),
+                    bias: bias.as_ref().is_some_and(|b| !b.node.requirement.is_none()),
+                };
+                let (total, grads) = loss.forward_with_grads(wanted);
+                let primitive = |t: Tensor<B, 2>| t.into_primitive().tensor();
                 let saved = Saved {
-                    hidden: prep.checkpoint(&hidden),
-                    head: prep.checkpoint(&head),
-                    bias: bias.as_ref().map(|bias| prep.checkpoint(bias)),
-                    targets,
-                    weight: weight.map(|w| w.primitive),
-                    lse,
-                    chunk_rows,
+                    hidden: grads.hidden.map(primitive),
+                    head: grads.head.map(primitive),
+                    bias: grads.bias.map(|t| t.into_primitive().tensor()),
                 };
                 prep.finish(saved, total.into_primitive().tensor())
             }
-            OpsKind::UnTracked(prep) => {
-                prep.finish(loss.forward(false).0.into_primitive().tensor())
-            }
+            OpsKind::UnTracked(prep) => prep.finish(loss.forward().into_primitive().tensor()),
         }
     }
 }

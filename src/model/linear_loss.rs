@@ -26,7 +26,8 @@ pub fn default_chunk_rows(vocab: usize) -> usize {
 ///
 /// This is the forward pass only. On an autodiff backend it is still differentiable, but the
 /// graph keeps every chunk's logits for the backward pass, so it saves no memory there: train
-/// with [`fused_linear_cross_entropy`](super::fused_linear_cross_entropy), which recomputes them.
+/// with [`fused_linear_cross_entropy`](super::fused_linear_cross_entropy), which computes the
+/// gradients chunk by chunk in its forward pass instead.
 ///
 /// # Shapes
 /// - `hidden`: `[n, d]`; `head`: `[vocab, d]`; `bias`: `[vocab]`
@@ -43,9 +44,7 @@ pub fn linear_cross_entropy<B: Backend>(
     weight: Option<Tensor<B, 1>>,
     chunk_rows: usize,
 ) -> Tensor<B, 1> {
-    LinearLoss::new(hidden, head, bias, targets, weight, chunk_rows)
-        .forward(false)
-        .0
+    LinearLoss::new(hidden, head, bias, targets, weight, chunk_rows).forward()
 }
 
 /// The inputs of a chunked linear cross-entropy, checked, and its per-chunk passes.
@@ -64,7 +63,7 @@ pub(crate) struct LinearLoss<B: Backend> {
     pub chunk_rows: usize,
 }
 
-/// Which gradients [`LinearLoss::backward`] computes.
+/// Which gradients [`LinearLoss::forward_with_grads`] computes.
 #[cfg(feature = "autodiff")]
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Wanted {
@@ -151,73 +150,84 @@ impl<B: Backend> LinearLoss<B> {
         }
     }
 
-    /// The weighted summed loss `[1]`, and with `keep_lse` each row's `log Σ exp(logits)` `[n]`
-    /// (what the backward pass needs to rebuild a chunk's softmax from its logits).
-    pub fn forward(&self, keep_lse: bool) -> (Tensor<B, 1>, Option<Tensor<B, 1>>) {
-        let mut total = Tensor::zeros([1], &self.hidden.device());
-        let mut lse_chunks = Vec::new();
-        for rows in self.chunks() {
-            let c = rows.len();
-            let z = self.logits(self.hidden.clone().narrow(0, rows.start, c)); // [c, v]
-            // Shifted by the row's maximum as log_softmax is, so that exp cannot overflow.
-            let max = z.clone().max_dim(1); // [c, 1]
-            let shifted = z - max.clone(); // [c, v]
-            let log_norm = shifted.clone().exp().sum_dim(1).log(); // [c, 1]
-            let target = self
-                .targets
-                .clone()
-                .narrow(0, rows.start, c)
-                .reshape([c, 1]);
-            let nats = (log_norm.clone() - shifted.gather(1, target)).reshape([c]);
-            let nats = match &self.weight {
-                Some(weight) => nats * weight.clone().narrow(0, rows.start, c),
-                None => nats,
-            };
-            total = total + nats.sum();
-            if keep_lse {
-                lse_chunks.push((log_norm + max).reshape([c]));
-            }
-        }
-        (total, keep_lse.then(|| Tensor::cat(lse_chunks, 0)))
+    /// The target of each row of a chunk, `[c, 1]`.
+    fn chunk_targets(&self, rows: &Range<usize>) -> Tensor<B, 2, Int> {
+        let c = rows.len();
+        self.targets
+            .clone()
+            .narrow(0, rows.start, c)
+            .reshape([c, 1])
     }
 
-    /// The gradients of `grad · loss` (`grad`: `[1]`, the gradient flowing into the loss), from
-    /// each row's `lse` `[n]` of [`forward`](Self::forward): per chunk, the logits are
-    /// recomputed, `dz = grad · weight · (softmax − onehot(target))` `[c, v]`, and
-    /// `dhidden = dz · head`, `dhead += dzᵀ · hidden`, `dbias += Σ_rows dz`.
-    #[cfg(feature = "autodiff")]
-    pub fn backward(
+    /// A chunk's shifted logits `z − max` `[c, v]`, their exponentials `[c, v]` and the rows'
+    /// sums of those `[c, 1]`. Shifted by the row's maximum as log_softmax is, so that exp cannot
+    /// overflow.
+    fn shifted_logits(&self, rows: &Range<usize>) -> (Tensor<B, 2>, Tensor<B, 2>, Tensor<B, 2>) {
+        let z = self.logits(self.hidden.clone().narrow(0, rows.start, rows.len())); // [c, v]
+        let shifted = z.clone() - z.max_dim(1);
+        let exp = shifted.clone().exp();
+        let sum = exp.clone().sum_dim(1);
+        (shifted, exp, sum)
+    }
+
+    /// A chunk's weighted token losses `[c]` from its shifted logits and log-normalisers.
+    fn chunk_nats(
         &self,
-        lse: Tensor<B, 1>,
-        grad: Tensor<B, 1>,
-        wanted: Wanted,
-    ) -> LinearLossGrads<B> {
-        let grad = grad.reshape([1, 1]);
+        rows: &Range<usize>,
+        shifted: Tensor<B, 2>,
+        log_norm: Tensor<B, 2>,
+    ) -> Tensor<B, 1> {
+        let c = rows.len();
+        let nats = (log_norm - shifted.gather(1, self.chunk_targets(rows))).reshape([c]);
+        match &self.weight {
+            Some(weight) => nats * weight.clone().narrow(0, rows.start, c),
+            None => nats,
+        }
+    }
+
+    /// The weighted summed loss `[1]`.
+    pub fn forward(&self) -> Tensor<B, 1> {
+        let mut total = Tensor::zeros([1], &self.hidden.device());
+        for rows in self.chunks() {
+            let (shifted, _, sum) = self.shifted_logits(&rows);
+            total = total + self.chunk_nats(&rows, shifted, sum.log()).sum();
+        }
+        total
+    }
+
+    /// The weighted summed loss `[1]` and its gradients (those `wanted`), computed in the same
+    /// pass: per chunk, `dz = weight · (softmax − onehot(target))` `[c, v]` from the forward
+    /// pass's own exponentials, `dhidden = dz · head`, `dhead += dzᵀ · hidden`,
+    /// `dbias += Σ_rows dz`. These are the gradients for an upstream gradient of 1; the loss is a
+    /// scalar, so its backward pass only scales them by the gradient that reaches it. A chunk
+    /// thus costs three `[c, d] × [d, v]`-sized products, as an explicit loss does, and no
+    /// recomputation of its logits.
+    #[cfg(feature = "autodiff")]
+    pub fn forward_with_grads(&self, wanted: Wanted) -> (Tensor<B, 1>, LinearLossGrads<B>) {
+        let mut total = Tensor::zeros([1], &self.hidden.device());
         let mut hidden_chunks = Vec::new();
         let (mut head, mut bias): (Option<Tensor<B, 2>>, Option<Tensor<B, 1>>) = (None, None);
         for rows in self.chunks() {
             let c = rows.len();
-            let h = self.hidden.clone().narrow(0, rows.start, c); // [c, d]
-            let z = self.logits(h.clone()); // [c, v]
-            let softmax = (z - lse.clone().narrow(0, rows.start, c).reshape([c, 1])).exp();
+            let (shifted, exp, sum) = self.shifted_logits(&rows);
+            let softmax = exp / sum.clone(); // [c, v]
+            total = total + self.chunk_nats(&rows, shifted, sum.log()).sum();
             let scale = match &self.weight {
-                Some(weight) => {
-                    weight.clone().narrow(0, rows.start, c).reshape([c, 1]) * grad.clone()
-                }
-                None => grad.clone().repeat_dim(0, c),
+                Some(weight) => weight.clone().narrow(0, rows.start, c).reshape([c, 1]),
+                None => Tensor::ones([c, 1], &self.hidden.device()),
             }; // [c, 1]
-            let target = self
-                .targets
-                .clone()
-                .narrow(0, rows.start, c)
-                .reshape([c, 1]);
             // The one-hot term touches one logit per row: a scatter, not a [c, v] one-hot.
-            let dz =
-                (softmax * scale.clone()).scatter(1, target, scale.neg(), IndexingUpdateOp::Add);
+            let dz = (softmax * scale.clone()).scatter(
+                1,
+                self.chunk_targets(&rows),
+                scale.neg(),
+                IndexingUpdateOp::Add,
+            );
             if wanted.hidden {
                 hidden_chunks.push(dz.clone().matmul(self.head.clone())); // [c, d]
             }
             if wanted.head {
+                let h = self.hidden.clone().narrow(0, rows.start, c); // [c, d]
                 let part = dz.clone().transpose().matmul(h); // [v, d]
                 head = Some(match head {
                     Some(sum) => sum + part,
@@ -232,10 +242,11 @@ impl<B: Backend> LinearLoss<B> {
                 });
             }
         }
-        LinearLossGrads {
+        let grads = LinearLossGrads {
             hidden: wanted.hidden.then(|| Tensor::cat(hidden_chunks, 0)),
             head,
             bias,
-        }
+        };
+        (total, grads)
     }
 }
