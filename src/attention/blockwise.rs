@@ -156,7 +156,10 @@ impl<B: Backend> Blockwise<B> {
         lse: Tensor<B, 4>,
         grad_output: Tensor<B, 4>,
     ) -> BlockwiseGrads<B> {
-        if super::host::applies(self) {
+        let f32_grads = [&output, &lse, &grad_output]
+            .iter()
+            .all(|t| t.dtype() == burn::tensor::DType::F32);
+        if f32_grads && super::host::applies(self) {
             return super::host::backward(self, output, lse, grad_output);
         }
         self.backward_tensor_ops(output, lse, grad_output)

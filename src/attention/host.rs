@@ -23,9 +23,12 @@ pub(crate) fn runs_on_host<B: Backend>(device: &B::Device) -> bool {
     matches!(B::name(device).as_str(), "flex" | "ndarray")
 }
 
-/// Whether this kernel computes `blockwise`: a host backend and `f32` tensors.
+/// Whether this kernel computes `blockwise`: a host backend, `f32` tensors and heads of some
+/// width (a zero-width head is left to the tensor-op passes).
 pub(crate) fn applies<B: Backend>(blockwise: &Blockwise<B>) -> bool {
     runs_on_host::<B>(&blockwise.q.device())
+        && blockwise.q.dims()[3] > 0
+        && blockwise.v.dims()[3] > 0
         && [&blockwise.q, &blockwise.k, &blockwise.v]
             .iter()
             .all(|t| t.dtype() == DType::F32)
@@ -567,7 +570,9 @@ fn exp_shifted<S: pulp::Simd>(simd: S, row: &mut [f32], shift: f32) -> f32 {
 
 /// `eˣ` lane by lane, within 2 ulp: Cody–Waite reduction `x = n·ln 2 + r` and a degree-6
 /// polynomial for `eʳ` (Cephes' `expf` coefficients), `2ⁿ` built in the exponent bits. `−∞` and
-/// anything below `ln` of the smallest normal float give 0; NaN stays NaN.
+/// anything below `ln` of the smallest normal float give 0; NaN stays NaN; above `ln f32::MAX` it
+/// saturates near `f32::MAX`, not at `∞` (the kernel's arguments are scores less their row's
+/// maximum or log-normaliser: at most a rounding above 0).
 #[inline(always)]
 fn exp<S: pulp::Simd>(simd: S, x: S::f32s) -> S::f32s {
     const LOWEST: f32 = -87.33; // just above ln(f32::MIN_POSITIVE)

@@ -47,8 +47,10 @@ impl<B: FusedLoss + FlashAttention> FusedOps for B {}
 ///
 /// Tracked by autodiff, the forward pass computes the gradients of the inputs that need one
 /// (for an upstream gradient of 1), holding one chunk's `[chunk_rows, vocab]` logits and softmax
-/// at a time; the graph keeps those gradients (the sizes of `hidden`, `head` and `bias`) instead
-/// of the inputs, and the backward pass scales them.
+/// at a time; the graph keeps those gradients (the sizes of `hidden`, `head` and `bias`) until
+/// it is dropped, and the backward pass scales them. So a tracked call costs its gradients' work
+/// and memory whether or not `backward` follows: compute a loss that is only looked at (an
+/// evaluation) on the inner backend (`model.valid()`), or with [`linear_cross_entropy`](super::linear_cross_entropy).
 ///
 /// # Shapes
 /// - `hidden`: `[n, d]`; `head`: `[vocab, d]`; `bias`: `[vocab]`

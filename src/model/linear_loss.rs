@@ -214,7 +214,7 @@ impl<B: Backend> LinearLoss<B> {
             total = total + self.chunk_nats(&rows, shifted, sum.log()).sum();
             let scale = match &self.weight {
                 Some(weight) => weight.clone().narrow(0, rows.start, c).reshape([c, 1]),
-                None => Tensor::ones([c, 1], &self.hidden.device()),
+                None => sum.ones_like(),
             }; // [c, 1]
             // The one-hot term touches one logit per row: a scatter, not a [c, v] one-hot.
             let dz = (softmax * scale.clone()).scatter(
