@@ -211,7 +211,7 @@ impl<B: Backend> LinearLoss<B> {
             let c = rows.len();
             let (shifted, exp, sum) = self.shifted_logits(&rows);
             let softmax = exp / sum.clone(); // [c, v]
-            total = total + self.chunk_nats(&rows, shifted, sum.log()).sum();
+            total = total + self.chunk_nats(&rows, shifted, sum.clone().log()).sum();
             let scale = match &self.weight {
                 Some(weight) => weight.clone().narrow(0, rows.start, c).reshape([c, 1]),
                 None => sum.ones_like(),
