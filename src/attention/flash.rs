@@ -195,7 +195,7 @@ mod tests {
     use crate::attention::sdpa::attend_explicit;
     use burn::backend::Flex;
     use burn::nn::DropoutConfig;
-    use burn::tensor::{Distribution, TensorData, Tolerance};
+    use burn::tensor::{Distribution, TensorData};
 
     type Ad = Autodiff<Flex>;
 
@@ -207,7 +207,6 @@ mod tests {
     fn values_and_gradients_equal_the_explicit_scoring() {
         let device = Default::default();
         let no_dropout = DropoutConfig::new(0.0).init();
-        let tolerance = Tolerance::<f32>::relative(1e-5).set_absolute(1e-6);
         for (s_q, s_k) in [(7, 7), (3, 7), (7, 4)] {
             let data = |s: usize| {
                 Tensor::<Flex, 4>::random([2, 3, s, 8], Distribution::Normal(0.0, 1.0), &device)
@@ -262,8 +261,20 @@ mod tests {
                             [out.inner(), grad(&q), grad(&k), grad(&v)]
                         };
                         for (got, expected) in run(true).into_iter().zip(run(false)) {
-                            got.into_data()
-                                .assert_approx_eq::<f32>(&expected.into_data(), tolerance);
+                            // Relative to the tensor's largest value (at least 1): the two paths
+                            // sum in other orders, so an element's rounding is its tensor's.
+                            let got = got.into_data().to_vec::<f32>().expect("f32");
+                            let expected = expected.into_data().to_vec::<f32>().expect("f32");
+                            let scale = expected.iter().fold(1.0f32, |m, x| m.max(x.abs()));
+                            let diff = got
+                                .iter()
+                                .zip(&expected)
+                                .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+                            assert!(
+                                diff <= 1e-5 * scale,
+                                "({s_q}, {s_k}), causal {causal}, blocks of {block_rows}: \
+                                 differs by {diff:e}, scale {scale:e}"
+                            );
                         }
                     }
                 }
