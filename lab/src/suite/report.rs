@@ -209,8 +209,9 @@ pub fn write_report(
     let mut markdown = markdown.to_string();
     if !outcome.failed.is_empty() {
         markdown.push_str(
-            "\n## Failed cells\n\nNot in the tables above; `--retry-failed` trains them again \
-             from scratch.\n\n| corpus | variant | seed | error |\n|---|---|---|---|\n",
+            "\n## Failed cells\n\nNot in the tables above; a suite that retries failed cells \
+             (`Suite::retry_failed`) trains them again from scratch.\n\n\
+             | corpus | variant | seed | error |\n|---|---|---|---|\n",
         );
         for f in &outcome.failed {
             let error = f.error.replace('|', "\\|").replace('\n', " ");
