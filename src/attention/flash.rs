@@ -261,20 +261,9 @@ mod tests {
                             [out.inner(), grad(&q), grad(&k), grad(&v)]
                         };
                         for (got, expected) in run(true).into_iter().zip(run(false)) {
-                            // Relative to the tensor's largest value (at least 1): the two paths
-                            // sum in other orders, so an element's rounding is its tensor's.
-                            let got = got.into_data().to_vec::<f32>().expect("f32");
-                            let expected = expected.into_data().to_vec::<f32>().expect("f32");
-                            let scale = expected.iter().fold(1.0f32, |m, x| m.max(x.abs()));
-                            let diff = got
-                                .iter()
-                                .zip(&expected)
-                                .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
-                            assert!(
-                                diff <= 1e-5 * scale,
-                                "({s_q}, {s_k}), causal {causal}, blocks of {block_rows}: \
-                                 differs by {diff:e}, scale {scale:e}"
-                            );
+                            let what =
+                                format!("({s_q}, {s_k}), causal {causal}, blocks of {block_rows}");
+                            crate::attention::host::assert_close_to_scale(got, expected, &what);
                         }
                     }
                 }

@@ -236,9 +236,9 @@ fn forward_host(
             }
             let mut weights = vec![0.0; n * keys];
             head.scores(&mut weights, start, n, keys, dims);
-            pulp::Arch::new().dispatch(SoftmaxRows {
+            pulp::Arch::new().dispatch(BlockRows {
                 weights: &mut weights,
-                lse,
+                lse: Lse::Write(lse),
                 keys,
                 start,
                 head,
@@ -318,9 +318,9 @@ fn backward_host(
                 weights.resize(n * keys, 0.0);
                 grad_scores.resize(n * keys, 0.0);
                 head.scores(&mut weights, start, n, keys, dims);
-                pulp::Arch::new().dispatch(ProbabilityRows {
+                pulp::Arch::new().dispatch(BlockRows {
                     weights: &mut weights,
-                    lse: &lse[start..start + n],
+                    lse: Lse::Read(&lse[start..start + n]),
                     keys,
                     start,
                     head,
@@ -454,70 +454,55 @@ fn gemm(
     }
 }
 
-/// A forward block's rows: scores to probabilities in place, and each row's log-normaliser.
-struct SoftmaxRows<'a> {
+/// What a block's rows do with the log-normalisers: the forward pass writes them, the backward
+/// pass reads the forward pass's.
+enum Lse<'a> {
+    Write(&'a mut [f32]),
+    Read(&'a [f32]),
+}
+
+/// A block's rows: scores to probabilities in place. Forward: normalised by their own sums, whose
+/// logs are written; backward: `exp(s − lse)` from the forward pass's log-normalisers.
+struct BlockRows<'a> {
     weights: &'a mut [f32],
-    lse: &'a mut [f32],
+    lse: Lse<'a>,
     keys: usize,
     start: usize,
     head: Inputs<'a>,
     dims: Dims,
 }
 
-impl pulp::WithSimd for SoftmaxRows<'_> {
+impl pulp::WithSimd for BlockRows<'_> {
     type Output = ();
 
     // Inlined into pulp's `#[target_feature]` entry point with the helpers it calls, so that their
     // vector ops are the machine's (AVX2 and FMA on x86-64 where present).
     #[inline(always)]
     fn with_simd<S: pulp::Simd>(self, simd: S) {
-        let SoftmaxRows {
+        let BlockRows {
             weights,
-            lse,
+            mut lse,
             keys,
             start,
             head,
             dims,
         } = self;
-        for (r, (row, lse)) in weights.chunks_exact_mut(keys).zip(lse).enumerate() {
+        for (r, row) in weights.chunks_exact_mut(keys).enumerate() {
             let i = start + r;
-            // A row that sees no key is shifted by 0: its exponentials of −∞ are all 0.
-            let shift = hide(row, dims.visible(i), head.mask_row(i, keys, dims.s_k)).unwrap_or(0.0);
-            let sum = exp_shifted(simd, row, shift).max(f32::MIN_POSITIVE);
-            *lse = shift + sum.ln();
-            let inverse = 1.0 / sum;
-            row.iter_mut().for_each(|p| *p *= inverse);
-        }
-    }
-}
-
-/// A backward block's rows: scores to the forward pass's probabilities, from its log-normalisers.
-struct ProbabilityRows<'a> {
-    weights: &'a mut [f32],
-    lse: &'a [f32],
-    keys: usize,
-    start: usize,
-    head: Inputs<'a>,
-    dims: Dims,
-}
-
-impl pulp::WithSimd for ProbabilityRows<'_> {
-    type Output = ();
-
-    #[inline(always)]
-    fn with_simd<S: pulp::Simd>(self, simd: S) {
-        let ProbabilityRows {
-            weights,
-            lse,
-            keys,
-            start,
-            head,
-            dims,
-        } = self;
-        for (r, (row, &lse)) in weights.chunks_exact_mut(keys).zip(lse).enumerate() {
-            let i = start + r;
-            hide(row, dims.visible(i), head.mask_row(i, keys, dims.s_k));
-            exp_shifted(simd, row, lse);
+            let max = hide(row, dims.visible(i), head.mask_row(i, keys, dims.s_k));
+            match &mut lse {
+                Lse::Read(lse) => {
+                    exp_shifted(simd, row, lse[r]);
+                }
+                Lse::Write(lse) => {
+                    // A row that sees no key is shifted by 0: its exponentials of −∞ are all 0.
+                    let shift = max.unwrap_or(0.0);
+                    let sum = exp_shifted(simd, row, shift).max(f32::MIN_POSITIVE);
+                    lse[r] = shift + sum.ln();
+                    let inverse = 1.0 / sum;
+                    row.iter_mut().for_each(|p| *p *= inverse);
+                }
+            }
         }
     }
 }
@@ -608,6 +593,28 @@ fn exp<S: pulp::Simd>(simd: S, x: S::f32s) -> S::f32s {
     simd.select_f32s(simd.equal_f32s(x, x), y, x)
 }
 
+/// Asserts that `got` equals `expected` within 1e-5 of `expected`'s largest value (at least 1):
+/// the flash passes and the explicit scoring sum in other orders, so an element's rounding is
+/// that of its tensor's scale, not of its own size.
+#[cfg(test)]
+pub(crate) fn assert_close_to_scale<B: Backend>(
+    got: Tensor<B, 4>,
+    expected: Tensor<B, 4>,
+    what: &str,
+) {
+    let got = got.into_data().to_vec::<f32>().expect("f32");
+    let expected = expected.into_data().to_vec::<f32>().expect("f32");
+    let scale = expected.iter().fold(1.0f32, |m, x| m.max(x.abs()));
+    let diff = got
+        .iter()
+        .zip(&expected)
+        .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(
+        diff <= 1e-5 * scale,
+        "{what}: differs by {diff:e}, scale {scale:e}"
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -677,20 +684,8 @@ mod tests {
                     for (name, (got, expected)) in
                         ["output", "lse", "dq", "dk", "dv"].iter().zip(pairs)
                     {
-                        // Relative to the tensor's largest value (at least 1): the two compute
-                        // each sum in another order, so an element's rounding is that of its
-                        // tensor's scale, not of its own size.
-                        let got = got.into_data().to_vec::<f32>().expect("f32");
-                        let expected = expected.into_data().to_vec::<f32>().expect("f32");
-                        let scale = expected.iter().fold(1.0f32, |m, x| m.max(x.abs()));
-                        let diff = got
-                            .iter()
-                            .zip(&expected)
-                            .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
-                        assert!(
-                            diff <= 1e-5 * scale,
-                            "{name} ({s_q}, {s_k}, causal {causal}): differs by {diff:e}, scale {scale:e}"
-                        );
+                        let what = format!("{name} ({s_q}, {s_k}, causal {causal})");
+                        assert_close_to_scale(got, expected, &what);
                     }
                 }
             }
