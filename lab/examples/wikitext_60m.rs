@@ -112,6 +112,11 @@ struct Args {
     /// checkpoints.
     #[arg(long, default_value_t = coupled_qk_lab::dist::DEFAULT_COLLECTIVE_TIMEOUT.as_secs())]
     collective_timeout: u64,
+    /// Under an MPI launcher: how the ranks sum their gradients. auto: NCCL on the GPUs where
+    /// every rank trains on CUDA and can load NCCL (a build with --features mpi,cuda), MPI
+    /// through the host otherwise; nccl: NCCL or an error; mpi: MPI through the host.
+    #[arg(long, default_value = "auto")]
+    collective: coupled_qk_lab::dist::Collective,
     /// Token cache folder (default: $COUPLED_QK_CACHE or ~/.cache/coupled-qk).
     #[arg(long)]
     cache_dir: Option<PathBuf>,
@@ -257,8 +262,10 @@ fn preset_defaults(preset: Preset, config: &mut TrainConfig) {
 
 fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     // One rank alone unless started by an MPI launcher (and built with --features mpi).
-    let group =
-        coupled_qk_lab::dist::from_environment(Duration::from_secs(args.collective_timeout))?;
+    let group = coupled_qk_lab::dist::from_environment(
+        Duration::from_secs(args.collective_timeout),
+        args.collective,
+    )?;
     let ranks = group.world_size();
     if ranks > 1 {
         eprintln!("{}: --devices {} each", group.describe(), args.devices);

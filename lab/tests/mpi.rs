@@ -7,6 +7,9 @@
 //!   two half batches is the gradient of the whole batch.
 //! - A rank killed mid-run makes the job stop with an error within a bounded time; so does a rank
 //!   that hangs (the other's watchdog).
+//! - With NCCL compiled in (feature `cuda` as well), ranks whose gradients are not on CUDA: the
+//!   default sums them through the host as MPI does; asking for NCCL stops every rank with an
+//!   error that says why. (NCCL itself needs GPUs: `scripts/nccl_check.sh`.)
 #![cfg(feature = "mpi")]
 
 mod support;
@@ -19,7 +22,9 @@ use burn::tensor::backend::Backend;
 use coupled_qk::model::Gpt;
 use coupled_qk::model::{GptConfig, Preset};
 use coupled_qk_lab::data::TrainWindows;
-use coupled_qk_lab::dist::{MpiGroup, ProcessGroup, all_reduce_gradients};
+#[cfg(feature = "cuda")]
+use coupled_qk_lab::dist::{Collective, NcclGroup};
+use coupled_qk_lab::dist::{CollectiveError, MpiGroup, ProcessGroup, all_reduce_gradients};
 use coupled_qk_lab::lm::{
     RunOptions, TrainConfig, Trainer, batch_gradients, read_metrics, share_of_rows,
 };
@@ -100,7 +105,7 @@ fn gradients(model: &Gpt<B>, grads: &GradientsParams) -> Vec<f32> {
 
 /// On each rank: the largest difference between the ranks' average of their half-batch
 /// gradients and the whole batch's gradient, relative to the largest gradient.
-fn gradient_average_error(group: &MpiGroup) -> f32 {
+fn gradient_average_error(group: &dyn ProcessGroup) -> Result<f32, CollectiveError> {
     let corpus = corpus();
     let config = config(1);
     let device = Default::default();
@@ -117,7 +122,7 @@ fn gradient_average_error(group: &MpiGroup) -> f32 {
     let half = batch_gradients(&model, &half, &devices, 1, config.loss)
         .unwrap()
         .1;
-    let (averaged, norm) = all_reduce_gradients(&model, half, &mut [], group).unwrap();
+    let (averaged, norm) = all_reduce_gradients(&model, half, &mut [], group)?;
     let (whole, averaged) = (gradients(&model, &whole), gradients(&model, &averaged));
     // The norm every rank clips by: the averaged gradient's, computed the same on every rank.
     let expected = averaged
@@ -136,7 +141,7 @@ fn gradient_average_error(group: &MpiGroup) -> f32 {
         .iter()
         .zip(&averaged)
         .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
-    worst / scale
+    Ok(worst / scale)
 }
 
 fn to_bytes(values: &[f32]) -> Vec<u8> {
@@ -188,7 +193,7 @@ fn output(child: Child) -> String {
 fn train_as_rank(dir: &Path) {
     let group = MpiGroup::new(Duration::from_secs(120)).unwrap();
     assert_eq!(group.world_size(), 2, "launched with mpiexec -n 2");
-    let error = gradient_average_error(&group);
+    let error = gradient_average_error(&group).unwrap();
     let path = dir.join(format!("rank{}.gradient-error", group.rank()));
     std::fs::write(path, error.to_string()).unwrap();
     let corpus = corpus();
@@ -496,5 +501,53 @@ fn ranks_with_different_configs_refuse_to_start_together() {
             !dir.join(format!("run{rank}")).exists(),
             "rank {rank} wrote a run folder"
         );
+    }
+}
+
+/// A rank of [`nccl_is_declined_or_refused_off_cuda`]: sums half-batch gradients on Flex through
+/// an `NcclGroup` asked for `choice`, and writes what came of it.
+#[cfg(feature = "cuda")]
+fn sum_off_cuda(dir: &Path, choice: Collective) {
+    let group = NcclGroup::new(MpiGroup::new(Duration::from_secs(60)).unwrap(), choice);
+    let said = match gradient_average_error(&group) {
+        Ok(error) => format!("summed within {error:e}"),
+        Err(e) => e.to_string(),
+    };
+    std::fs::write(dir.join(format!("rank{}.said", group.rank())), said).unwrap();
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+fn nccl_is_declined_or_refused_off_cuda() {
+    const TEST: &str = "nccl_is_declined_or_refused_off_cuda";
+    if let Ok(dir) = std::env::var(DIR)
+        && let Ok(role) = std::env::var(ROLE)
+    {
+        return sum_off_cuda(Path::new(&dir), role.parse().unwrap());
+    }
+    for choice in [Collective::Auto, Collective::Nccl] {
+        let dir = fresh_dir(&format!("nccl-{choice}"));
+        let mut job = launch(TEST, &choice.to_string(), &dir, 2);
+        let status = wait_at_most(&mut job, Duration::from_secs(120));
+        let log = output(job);
+        assert!(status.is_some_and(|s| s.success()), "{status:?}:\n{log}");
+        for rank in 0..2 {
+            let said = std::fs::read_to_string(dir.join(format!("rank{rank}.said"))).unwrap();
+            eprintln!("{choice}, rank {rank}: {said}");
+            match choice {
+                Collective::Auto => {
+                    let error: f32 = said
+                        .strip_prefix("summed within ")
+                        .unwrap_or_else(|| panic!("rank {rank}: {said}"))
+                        .parse()
+                        .unwrap();
+                    assert!(error < 1e-5, "rank {rank}: off by {error:e}");
+                }
+                _ => assert!(
+                    said.starts_with("NCCL: ") && said.contains("not CUDA tensors"),
+                    "rank {rank}: {said}"
+                ),
+            }
+        }
     }
 }

@@ -5,20 +5,21 @@ use super::{CollectiveError, ProcessGroup};
 use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::{ElementConversion, Tensor, TensorData};
 
 /// The mean over the ranks of `grads` (the gradients of `module`'s parameters), on every rank,
 /// with its global L2 norm, and the sum over the ranks of `extra` (written back into it: losses,
 /// flags).
 ///
-/// The gradients are flattened in `module`'s visiting order into one buffer on the device (one
-/// copy to the host, one back), summed with one `f32` all-reduce and divided by the number of
-/// ranks; `extra` and one presence count per parameter go through one `f64` all-reduce. A
-/// parameter without a gradient on a rank counts as zero there; one without a gradient on every
-/// rank gets none. The norm is computed on the host from the summed buffer, in `f64` and in a
-/// fixed order, so every rank gets the same bits (a GPU's reduction kernels need not: clipping
-/// by a norm the device computed could scale each rank's update differently). With one rank,
-/// `grads` are returned untouched, with no norm.
+/// The gradients are flattened in `module`'s visiting order into one buffer on the device, summed
+/// with one `f32` all-reduce (on the devices where the group can, otherwise one copy to the host
+/// and one back) and divided by the number of ranks; `extra` and one presence count per parameter
+/// go through one `f64` all-reduce. A parameter without a gradient on a rank counts as zero there; one without a gradient on every
+/// rank gets none. Every rank gets the same norm: computed on the host from the summed buffer, in
+/// `f64` and in a fixed order; or, where the group sums on the devices
+/// ([`ProcessGroup::all_reduce_sum_on_device`]: NCCL), computed on rank 0's device and sent to
+/// the others (clipping by norms that differ in the last bit would scale each rank's update
+/// differently). With one rank, `grads` are returned untouched, with no norm.
 ///
 /// # Errors
 /// A collective that does not complete.
@@ -44,25 +45,50 @@ pub fn all_reduce_gradients<B: AutodiffBackend, M: AutodiffModule<B>>(
     let Some(device) = parts.first().map(Tensor::device) else {
         return Ok((grads, Some(0.0)));
     };
-    let mut values = Tensor::cat(parts, 0)
-        .into_data()
-        .convert::<f32>()
-        .into_vec::<f32>()
-        .expect("converted to f32");
-    group.all_reduce_sum_f32(&mut values)?;
     let world = group.world_size() as f32;
-    for value in &mut values {
-        *value /= world;
-    }
-    let norm = values
-        .iter()
-        .map(|&v| f64::from(v) * f64::from(v))
-        .sum::<f64>()
-        .sqrt();
-    let len = values.len();
+    let mut flat = Tensor::cat(parts, 0);
+    let (flat, norm) = if group.all_reduce_sum_on_device(&mut flat)? {
+        let mean = flat.div_scalar(world);
+        let norm = mean
+            .clone()
+            .powi_scalar(2)
+            .sum()
+            .into_scalar()
+            .elem::<f64>()
+            .sqrt();
+        // Rank 0's norm for all: GPUs' reductions need not agree to the bit, and clipping by
+        // different norms would scale each rank's update differently.
+        let mut bytes = norm.to_le_bytes().to_vec();
+        group.broadcast_bytes(&mut bytes)?;
+        let norm = bytes
+            .try_into()
+            .map(f64::from_le_bytes)
+            .map_err(|_| CollectiveError::Device("rank 0's gradient norm did not arrive".into()))?;
+        (mean, norm)
+    } else {
+        let mut values = flat
+            .into_data()
+            .convert::<f32>()
+            .into_vec::<f32>()
+            .expect("converted to f32");
+        group.all_reduce_sum_f32(&mut values)?;
+        for value in &mut values {
+            *value /= world;
+        }
+        let norm = values
+            .iter()
+            .map(|&v| f64::from(v) * f64::from(v))
+            .sum::<f64>()
+            .sqrt();
+        let len = values.len();
+        (
+            Tensor::from_data(TensorData::new(values, [len]), &device),
+            norm,
+        )
+    };
     let mut unflatten = Unflatten::<B> {
         grads: &mut grads,
-        flat: Tensor::from_data(TensorData::new(values, [len]), &device),
+        flat,
         offset: 0,
         present: counts[extra.len()..].iter(),
     };

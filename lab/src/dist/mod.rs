@@ -11,19 +11,61 @@
 //! 0's initial (or resumed) state is broadcast to the others, only rank 0 evaluates and writes
 //! the run folder, and a non-finite loss on any rank stops all of them together.
 //!
-//! Implementations: [`SingleProcess`] (one rank: every operation is the identity) and, with the
+//! Implementations: [`SingleProcess`] (one rank: every operation is the identity); with the
 //! lab's cargo feature `mpi`, `MpiGroup` over the MPI library the job was launched with
-//! (`mpiexec`, `srun`). [`from_environment`] picks the right one for a program.
+//! (`mpiexec`, `srun`), which sums gradients on the host; with `mpi` and `cuda`, `NcclGroup`, the
+//! same ranks summing CUDA gradients on the GPUs with NCCL. [`from_environment`] picks the right
+//! one for a program, as [`Collective`] says.
 
 mod gradients;
 #[cfg(feature = "mpi")]
 mod mpi_group;
+#[cfg(all(feature = "mpi", feature = "cuda"))]
+mod nccl;
 
 pub use gradients::{all_reduce_gradients, weights_digest};
 #[cfg(feature = "mpi")]
 pub use mpi_group::MpiGroup;
+#[cfg(all(feature = "mpi", feature = "cuda"))]
+pub use nccl::NcclGroup;
 
+use std::any::Any;
 use std::time::Duration;
+
+/// Which collective sums the gradients of ranks that train on GPUs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Collective {
+    /// NCCL where the gradients are CUDA tensors and every rank can load NCCL, MPI (through the
+    /// host) otherwise.
+    #[default]
+    Auto,
+    /// NCCL, or an error where it cannot be used.
+    Nccl,
+    /// MPI through the host, always.
+    Mpi,
+}
+
+impl std::str::FromStr for Collective {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "nccl" => Ok(Self::Nccl),
+            "mpi" => Ok(Self::Mpi),
+            other => Err(format!("unknown collective `{other}`: auto, nccl or mpi")),
+        }
+    }
+}
+
+impl std::fmt::Display for Collective {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Auto => "auto",
+            Self::Nccl => "nccl",
+            Self::Mpi => "mpi",
+        })
+    }
+}
 
 /// A collective operation that did not complete.
 #[derive(Debug, thiserror::Error)]
@@ -31,6 +73,9 @@ pub enum CollectiveError {
     /// The group cannot be created.
     #[error("cannot start the process group: {0}")]
     Start(String),
+    /// The collective on the GPUs (NCCL) cannot be used or failed.
+    #[error("NCCL: {0}")]
+    Device(String),
 }
 
 /// The ranks of a data-parallel job and the three collectives its training needs.
@@ -62,6 +107,20 @@ pub trait ProcessGroup {
     /// # Errors
     /// The operation does not complete.
     fn broadcast_bytes(&self, bytes: &mut Vec<u8>) -> Result<(), CollectiveError>;
+    /// Sums `flat` over the ranks on its device, where this group has a collective for its
+    /// backend (NCCL for CUDA: `NcclGroup`), and returns `true`; `false` (every other group and
+    /// backend) leaves it to the caller to sum through the host with
+    /// [`all_reduce_sum_f32`](Self::all_reduce_sum_f32). Every rank must make the same call.
+    ///
+    /// `flat` is a `Tensor<B, 1>` of `f32` (any backend `B`, hence `Any`) that no other tensor
+    /// shares a buffer with, such as a fresh concatenation: the sum is written into its buffer.
+    ///
+    /// # Errors
+    /// The device collective was asked for and cannot be used, or did not complete.
+    fn all_reduce_sum_on_device(&self, flat: &mut dyn Any) -> Result<bool, CollectiveError> {
+        let _ = flat;
+        Ok(false)
+    }
     /// Ends this process with `code` and, in a job of several ranks, the whole job: for an error
     /// the other ranks may not share (they would otherwise wait in their next collective).
     fn abort(&self, code: i32) -> ! {
@@ -104,18 +163,38 @@ impl ProcessGroup for SingleProcess {
 pub const DEFAULT_COLLECTIVE_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 
 /// The process group a program runs in: with the `mpi` feature, MPI's world (one rank when the
-/// program was not started by an MPI launcher); without it, [`SingleProcess`].
+/// program was not started by an MPI launcher), summing CUDA gradients as `collective` says
+/// (NCCL needs the `cuda` feature as well); without it, [`SingleProcess`].
 ///
 /// # Errors
-/// MPI cannot be initialised.
-pub fn from_environment(timeout: Duration) -> Result<Box<dyn ProcessGroup>, CollectiveError> {
-    #[cfg(feature = "mpi")]
+/// MPI cannot be initialised, or `collective` is [`Collective::Nccl`] in a build without NCCL.
+pub fn from_environment(
+    timeout: Duration,
+    collective: Collective,
+) -> Result<Box<dyn ProcessGroup>, CollectiveError> {
+    #[cfg(all(feature = "mpi", feature = "cuda"))]
     {
-        Ok(Box::new(MpiGroup::new(timeout)?))
+        let group = MpiGroup::new(timeout)?;
+        if collective == Collective::Mpi || group.world_size() == 1 {
+            return Ok(Box::new(group));
+        }
+        Ok(Box::new(NcclGroup::new(group, collective)))
     }
-    #[cfg(not(feature = "mpi"))]
+    #[cfg(not(all(feature = "mpi", feature = "cuda")))]
     {
-        let _ = timeout;
-        Ok(Box::new(SingleProcess))
+        if collective == Collective::Nccl {
+            return Err(CollectiveError::Device(
+                "this build has no NCCL: it needs the harness's features `mpi` and `cuda`".into(),
+            ));
+        }
+        #[cfg(feature = "mpi")]
+        {
+            Ok(Box::new(MpiGroup::new(timeout)?))
+        }
+        #[cfg(not(feature = "mpi"))]
+        {
+            let _ = timeout;
+            Ok(Box::new(SingleProcess))
+        }
     }
 }

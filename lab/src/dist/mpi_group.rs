@@ -88,7 +88,7 @@ impl MpiGroup {
     }
 
     /// Runs `operation` (named `name`) under the watchdog.
-    fn watched<T>(&self, name: &'static str, operation: impl FnOnce() -> T) -> T {
+    pub(super) fn watched<T>(&self, name: &'static str, operation: impl FnOnce() -> T) -> T {
         *self.watch.busy.lock().unwrap() = Some((name, Instant::now()));
         let result = operation();
         *self.watch.busy.lock().unwrap() = None;
