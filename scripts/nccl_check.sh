@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Two ranks of the 60m preset on two CUDA GPUs, summing gradients with NCCL and then with MPI
 # through the host: the same run both ways (final validation losses equal to rounding), and what
-# NCCL saves per step. Needs a machine with two or more CUDA GPUs, NCCL (libnccl.so.2) and an MPI
-# launcher (MPICH: apt-get install mpich libmpich-dev libclang-dev).
+# NCCL saves per step. Needs a machine with two or more CUDA GPUs, NCCL and an MPI
+# launcher (MPICH: apt-get install mpich libmpich-dev libclang-dev); cudarc loads NCCL as libnccl.so
+# (docs/training.md, "NCCL on CUDA").
 #
 #   scripts/nccl_check.sh [--dry-run] [--out DIR] [--steps N]
 #

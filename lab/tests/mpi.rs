@@ -544,7 +544,7 @@ fn nccl_is_declined_or_refused_off_cuda() {
                     assert!(error < 1e-5, "rank {rank}: off by {error:e}");
                 }
                 _ => assert!(
-                    said.starts_with("NCCL: ") && said.contains("not CUDA tensors"),
+                    said.starts_with("NCCL: ") && said.contains("not f32 CUDA tensors"),
                     "rank {rank}: {said}"
                 ),
             }

@@ -11,6 +11,7 @@ use burn::backend::Cuda;
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Tensor};
 use burn_cubecl::CubeBackend;
+use burn_cubecl::tensor::CubeTensor;
 use cubecl_cuda::CudaRuntime;
 use cudarc::driver::{CudaContext, CudaStream};
 use cudarc::nccl::{result, sys};
@@ -29,10 +30,18 @@ const FIRST_SUM_TOLERANCE: f64 = 1e-5;
 /// MPI's ranks, with NCCL for [`ProcessGroup::all_reduce_sum_on_device`] on CUDA tensors.
 ///
 /// NCCL starts at the first gradient sum, on the device of the tensor summed (each rank's own
-/// GPU). With [`Collective::Auto`], a job where some rank cannot load NCCL (`libnccl.so.2`) or
-/// trains on another backend sums through the host with MPI instead, and rank 0 says so once;
+/// GPU). With [`Collective::Auto`], a job where some rank cannot load NCCL or trains on another
+/// backend sums through the host with MPI instead, and rank 0 says so once;
 /// with [`Collective::Nccl`] that is an error. The first sum is checked against MPI's sum of the
 /// same buffers, and the job stops if they differ by more than rounding.
+///
+/// NCCL is loaded at run time by cudarc, which looks for `libnccl.so` (the link NCCL's development
+/// package installs) or `libnccl.so.<CUDA major>`, not `libnccl.so.2`: where only the runtime
+/// library is installed (Debian's `libnccl2`, pip's `nvidia-nccl-cu12`), make a link named
+/// `libnccl.so` to it in a folder on `LD_LIBRARY_PATH`.
+///
+/// An error that one rank meets alone while the others wait in NCCL ends the whole job
+/// ([`ProcessGroup::abort`]) after printing it, so that no rank waits for it.
 pub struct NcclGroup {
     // Dropped before `mpi`: NCCL's communicator ends before MPI does.
     state: Mutex<State>,
@@ -54,7 +63,10 @@ struct Communicator {
     comm: sys::ncclComm_t,
     context: Arc<CudaContext>,
     stream: Arc<CudaStream>,
+    /// The first sum was checked against MPI's.
     checked: bool,
+    /// No sum failed: the communicator can end in order (else it is aborted).
+    healthy: bool,
 }
 
 // The communicator is a pointer NCCL owns; it is used under the group's mutex only.
@@ -62,8 +74,15 @@ unsafe impl Send for Communicator {}
 
 impl Drop for Communicator {
     fn drop(&mut self) {
-        // Every sum was waited for, so nothing is in flight.
-        let _ = unsafe { result::comm_destroy(self.comm) };
+        let _ = self.context.bind_to_thread();
+        // After a good sum nothing is in flight (each was waited for); after a failed one, NCCL
+        // may still wait for peers.
+        let _ = unsafe {
+            match self.healthy {
+                true => result::comm_destroy(self.comm),
+                false => result::comm_abort(self.comm),
+            }
+        };
     }
 }
 
@@ -80,7 +99,7 @@ impl NcclGroup {
     /// Opens NCCL on every rank on CUDA device `index`, or on none (a collective decision).
     fn open(&self, index: Option<usize>) -> Result<State, CollectiveError> {
         let local = index
-            .ok_or_else(|| "the gradients are not CUDA tensors".to_string())
+            .ok_or_else(|| "the gradients are not f32 CUDA tensors".to_string())
             .and_then(|index| self.prepare(index));
         let mut failed = [f64::from(u8::from(local.is_err()))];
         self.mpi.all_reduce_sum_f64(&mut failed)?;
@@ -116,9 +135,9 @@ impl NcclGroup {
             internal: internal.map(|b| b as std::ffi::c_char),
         };
         let (rank, world) = (self.mpi.rank() as i32, self.mpi.world_size() as i32);
-        context
-            .bind_to_thread()
-            .map_err(|e| CollectiveError::Device(format!("cannot use the CUDA context: {e:?}")))?;
+        if let Err(e) = context.bind_to_thread() {
+            self.alone(format!("cannot use the CUDA context: {e:?}"));
+        }
         let mut comm = MaybeUninit::uninit();
         self.mpi
             .watched("NCCL's start", || unsafe {
@@ -130,7 +149,14 @@ impl NcclGroup {
             context,
             stream,
             checked: false,
+            healthy: true,
         }))
+    }
+
+    /// Ends the job for an error met by this rank alone, whose peers wait in a collective.
+    fn alone(&self, error: String) -> ! {
+        eprintln!("error: {}: NCCL: {error}", self.mpi.describe());
+        self.mpi.abort(3)
     }
 
     /// This rank's CUDA context and stream on device `index`, and (on rank 0) a fresh NCCL id.
@@ -140,8 +166,9 @@ impl NcclGroup {
     ) -> Result<(Arc<CudaContext>, Arc<CudaStream>, sys::ncclUniqueId), String> {
         if !unsafe { sys::is_culib_present() } {
             return Err(format!(
-                "{} finds no NCCL library (libnccl.so.2: install NCCL or put it on \
-                 LD_LIBRARY_PATH)",
+                "{} finds no NCCL library: cudarc opens `libnccl.so` (NCCL's development package) \
+                 or `libnccl.so.<CUDA major>`; with only `libnccl.so.2`, link `libnccl.so` to it \
+                 in a folder on LD_LIBRARY_PATH",
                 self.mpi.describe()
             ));
         }
@@ -159,13 +186,12 @@ impl NcclGroup {
 
     /// Sums `flat` over the ranks in its own buffer with NCCL.
     fn sum(&self, flat: &Tensor<Cuda, 1>, comm: &mut Communicator) -> Result<(), CollectiveError> {
-        let device_error = |what: &str| CollectiveError::Device(what.to_string());
         let count = flat.shape().num_elements();
         // The first sum is also made through the host, to check NCCL's against it.
         let expected = match comm.checked {
             true => None,
             false => {
-                let mut values = host_values(flat)?;
+                let mut values = host_values(flat).unwrap_or_else(|e| self.alone(e));
                 self.mpi.all_reduce_sum_f32(&mut values)?;
                 Some(values)
             }
@@ -175,46 +201,34 @@ impl NcclGroup {
         let primitive = flat.clone().into_primitive().tensor();
         let client = primitive.client.clone();
         let kernels = client.resolve_tensor_float::<CudaKernels>(primitive);
-        if kernels.dtype != DType::F32 || !kernels.is_contiguous() {
-            return Err(device_error("the gradient buffer is not contiguous f32"));
-        }
-        <CudaKernels as Backend>::sync(&kernels.device)
-            .map_err(|e| CollectiveError::Device(format!("CUDA: {e:?}")))?;
-        let resource = kernels
-            .client
-            .get_resource(kernels.handle.clone())
-            .map_err(|e| CollectiveError::Device(format!("the gradient buffer: {e:?}")))?;
-        let buffer = resource.resource();
-        if (buffer.size as usize) < count * size_of::<f32>() {
-            return Err(device_error(
-                "the gradient buffer is smaller than the tensor",
-            ));
-        }
-        comm.context
-            .bind_to_thread()
-            .map_err(|e| CollectiveError::Device(format!("cannot use the CUDA context: {e:?}")))?;
-        let pointer = buffer.ptr as *mut c_void;
-        self.mpi
-            .watched("the NCCL gradient all-reduce", || {
-                unsafe {
-                    result::all_reduce(
-                        pointer,
-                        pointer,
-                        count,
-                        sys::ncclDataType_t::ncclFloat32,
-                        sys::ncclRedOp_t::ncclSum,
-                        comm.comm,
-                        comm.stream.cu_stream() as sys::cudaStream_t,
-                    )
-                }
-                .map_err(|e| format!("{e:?}"))?;
-                comm.stream.synchronize().map_err(|e| format!("{e:?}"))
-            })
-            .map_err(|e| CollectiveError::Device(format!("the gradient all-reduce: {e}")))?;
+        let (address, resource) = match ready_buffer(&kernels, count, &comm.context) {
+            Ok(ready) => ready,
+            Err(error) => self.alone(error),
+        };
+        let pointer = address as *mut c_void;
+        let summed = self.mpi.watched("the NCCL gradient all-reduce", || {
+            unsafe {
+                result::all_reduce(
+                    pointer,
+                    pointer,
+                    count,
+                    sys::ncclDataType_t::ncclFloat32,
+                    sys::ncclRedOp_t::ncclSum,
+                    comm.comm,
+                    comm.stream.cu_stream() as sys::cudaStream_t,
+                )
+            }
+            .map_err(|e| format!("{e:?}"))?;
+            comm.stream.synchronize().map_err(|e| format!("{e:?}"))
+        });
         drop(resource);
         drop(kernels);
+        if let Err(error) = summed {
+            comm.healthy = false;
+            self.alone(format!("the gradient all-reduce: {error}"));
+        }
         if let Some(expected) = expected {
-            let summed = host_values(flat)?;
+            let summed = host_values(flat).unwrap_or_else(|e| self.alone(e));
             let scale = expected
                 .iter()
                 .fold(0f64, |m, &v| m.max(f64::from(v).abs()))
@@ -223,7 +237,13 @@ impl NcclGroup {
                 .iter()
                 .zip(&expected)
                 .fold(0f64, |m, (&a, &b)| m.max(f64::from(a - b).abs()));
-            let mut bad = [f64::from(u8::from(gap > FIRST_SUM_TOLERANCE * scale))];
+            // Checked only where every rank's sums are finite (`max` passes over NaN); the
+            // decision is every rank's, so that all make the host sum at the same step.
+            let finite = summed.iter().chain(&expected).all(|v| v.is_finite());
+            let mut bad = [
+                f64::from(u8::from(finite && gap > FIRST_SUM_TOLERANCE * scale)),
+                f64::from(u8::from(!finite)),
+            ];
             self.mpi.all_reduce_sum_f64(&mut bad)?;
             if bad[0] > 0.0 {
                 return Err(CollectiveError::Device(format!(
@@ -234,17 +254,41 @@ impl NcclGroup {
                     bad[0]
                 )));
             }
-            comm.checked = true;
+            comm.checked = bad[1] == 0.0;
         }
         Ok(())
     }
 }
 
-fn host_values(flat: &Tensor<Cuda, 1>) -> Result<Vec<f32>, CollectiveError> {
+/// The device address of `kernels`' buffer once every kernel writing it has run, with what keeps
+/// the buffer allocated while it is used, and the CUDA context bound for NCCL.
+fn ready_buffer(
+    kernels: &CubeTensor<CudaRuntime>,
+    count: usize,
+    context: &CudaContext,
+) -> Result<(u64, impl Sized), String> {
+    if kernels.dtype != DType::F32 || !kernels.is_contiguous() {
+        return Err("the gradient buffer is not contiguous f32".into());
+    }
+    <CudaKernels as Backend>::sync(&kernels.device).map_err(|e| format!("CUDA: {e:?}"))?;
+    let resource = kernels
+        .client
+        .get_resource(kernels.handle.clone())
+        .map_err(|e| format!("the gradient buffer: {e:?}"))?;
+    if (resource.resource().size as usize) < count * size_of::<f32>() {
+        return Err("the gradient buffer is smaller than the tensor".into());
+    }
+    context
+        .bind_to_thread()
+        .map_err(|e| format!("cannot use the CUDA context: {e:?}"))?;
+    Ok((resource.resource().ptr, resource))
+}
+
+fn host_values(flat: &Tensor<Cuda, 1>) -> Result<Vec<f32>, String> {
     flat.clone()
         .into_data()
         .into_vec::<f32>()
-        .map_err(|e| CollectiveError::Device(format!("reading the gradients: {e:?}")))
+        .map_err(|e| format!("reading the gradients: {e:?}"))
 }
 
 impl ProcessGroup for NcclGroup {
@@ -270,7 +314,9 @@ impl ProcessGroup for NcclGroup {
         if self.choice == Collective::Mpi {
             return Ok(false);
         }
-        let flat = flat.downcast_ref::<Tensor<Cuda, 1>>();
+        let flat = flat
+            .downcast_ref::<Tensor<Cuda, 1>>()
+            .filter(|t| t.dtype() == DType::F32);
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         if matches!(*state, State::Unopened) {
             *state = self.open(flat.map(|t| t.device().index))?;
