@@ -65,8 +65,6 @@ struct Communicator {
     stream: Arc<CudaStream>,
     /// The first sum was checked against MPI's.
     checked: bool,
-    /// No sum failed: the communicator can end in order (else it is aborted).
-    healthy: bool,
 }
 
 // The communicator is a pointer NCCL owns; it is used under the group's mutex only.
@@ -74,15 +72,9 @@ unsafe impl Send for Communicator {}
 
 impl Drop for Communicator {
     fn drop(&mut self) {
+        // Nothing is in flight: every sum was waited for, and a failed one ended the process.
         let _ = self.context.bind_to_thread();
-        // After a good sum nothing is in flight (each was waited for); after a failed one, NCCL
-        // may still wait for peers.
-        let _ = unsafe {
-            match self.healthy {
-                true => result::comm_destroy(self.comm),
-                false => result::comm_abort(self.comm),
-            }
-        };
+        let _ = unsafe { result::comm_destroy(self.comm) };
     }
 }
 
@@ -149,7 +141,6 @@ impl NcclGroup {
             context,
             stream,
             checked: false,
-            healthy: true,
         }))
     }
 
@@ -224,7 +215,6 @@ impl NcclGroup {
         drop(resource);
         drop(kernels);
         if let Err(error) = summed {
-            comm.healthy = false;
             self.alone(format!("the gradient all-reduce: {error}"));
         }
         if let Some(expected) = expected {
