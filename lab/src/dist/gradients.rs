@@ -49,16 +49,15 @@ pub fn all_reduce_gradients<B: AutodiffBackend, M: AutodiffModule<B>>(
     let mut flat = Tensor::cat(parts, 0);
     let (flat, norm) = if group.all_reduce_sum_on_device(&mut flat)? {
         let mean = flat.div_scalar(world);
-        let norm = mean
-            .clone()
-            .powi_scalar(2)
-            .sum()
-            .into_scalar()
-            .elem::<f64>()
-            .sqrt();
         // Rank 0's norm for all: GPUs' reductions need not agree to the bit, and clipping by
-        // different norms would scale each rank's update differently.
-        let mut bytes = norm.to_le_bytes().to_vec();
+        // different norms would scale each rank's update differently. Only rank 0 computes it.
+        let mut bytes = match group.rank() {
+            0 => {
+                let squares = mean.clone().powi_scalar(2).sum().into_scalar();
+                squares.elem::<f64>().sqrt().to_le_bytes().to_vec()
+            }
+            _ => Vec::new(),
+        };
         group.broadcast_bytes(&mut bytes)?;
         let norm = bytes
             .try_into()
