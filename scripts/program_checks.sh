@@ -38,6 +38,28 @@ refused batch-beyond-corpus 'holds more than the [0-9]+ training tokens' \
     --batch-size 100000000 --max-steps 2
 refused steps-conflict 'names 3 integrator steps' --attention euler3 --steps 2 --max-steps 2
 refused steps-ignored 'has no integrator steps' --attention standard --steps 3 --max-steps 2
+refused steps-too-many 'more than the 64' --attention euler100000 --max-steps 2
+# Flags are checked before the corpus is loaded or downloaded: WikiText-103 is not on this
+# machine, and the message is the flag's, not a download's.
+if "$BIN/wikitext_60m" --backend flex --preset tiny --tokenizer bytes --corpus wikitext103 \
+    --attention euler100000 --cache-dir "$OUT/cache" --out "$OUT/early" > "$OUT/early.log" 2>&1; then
+    fail "euler100000 on wikitext103 was accepted"
+fi
+grep -q 'more than the 64' "$OUT/early.log" && ! grep -qi 'download' "$OUT/early.log" \
+    || fail "flags checked after the corpus:"$'\n'"$(cat "$OUT/early.log")"
+echo "program_checks: flags are checked before the corpus is loaded"
+
+# --resume into a folder that holds something else and no run: refused like a fresh run, and the
+# user's files stay as they were.
+mkdir -p "$OUT/mine"
+echo "mine" > "$OUT/mine/metrics.csv"
+if "${W[@]}" --max-steps 2 --out "$OUT/mine" --resume > "$OUT/mine.log" 2>&1; then
+    fail "--resume into a folder of someone else's files was accepted"
+fi
+grep -q 'is not empty and holds no run' "$OUT/mine.log" \
+    || fail "--resume into a foreign folder:"$'\n'"$(cat "$OUT/mine.log")"
+[ "$(cat "$OUT/mine/metrics.csv")" = "mine" ] || fail "--resume overwrote the user's metrics.csv"
+echo "program_checks: --resume into a folder with no run is refused and keeps its files"
 
 # A resume with a new --max-steps keeps the run's derived warmup instead of refusing the resume.
 SMALL=(--seq-len 64 --batch-size 4 --checkpoint-every 2 --out "$OUT/x")
@@ -72,3 +94,20 @@ if "$BIN/ablations" "$OUT/typo.toml" > "$OUT/typo.log" 2>&1; then fail "a typo w
 grep -q 'typo.toml: `max_step` is not a flag of `ablations`' "$OUT/typo.log" \
     || fail "the typo's message:"$'\n'"$(cat "$OUT/typo.log")"
 echo "program_checks: a typo in an experiment file is refused naming the file and the key"
+# An on/off key takes only a TOML boolean: "false" (a string) or 0 would have turned it on.
+for value in '"false"' 0; do
+    printf 'program = "ablations"\nretry_failed = %s\n' "$value" > "$OUT/switch.toml"
+    if "$BIN/ablations" "$OUT/switch.toml" --list-cells > "$OUT/switch.log" 2>&1; then
+        fail "retry_failed = $value was accepted"
+    fi
+    grep -q 'switch.toml: `retry_failed` = .*takes only a TOML boolean' "$OUT/switch.log" \
+        || fail "retry_failed = $value:"$'\n'"$(cat "$OUT/switch.log")"
+done
+# A negative number reaches the flag's own check instead of becoming clap's advice on `-- -5`.
+printf 'program = "ablations"\nmax_steps = -5\n' > "$OUT/negative.toml"
+if "$BIN/ablations" "$OUT/negative.toml" --list-cells > "$OUT/negative.log" 2>&1; then
+    fail "max_steps = -5 was accepted"
+fi
+grep -q "invalid value '-5' for '--max-steps" "$OUT/negative.log" \
+    || fail "max_steps = -5:"$'\n'"$(cat "$OUT/negative.log")"
+echo "program_checks: experiment files turn flags on only with true, and negative numbers are named"

@@ -83,6 +83,20 @@ pub enum NameError {
         /// `integrator step` or `layer`.
         count: &'static str,
     },
+    /// A count beyond [`MAX_COUNT`](crate::dynamics::MAX_COUNT).
+    #[error(
+        "`{name}`: {found} {count}s is more than the {max} this crate takes (each adds the \
+         activations of a step to training memory; the paper finds one enough)",
+        max = crate::dynamics::MAX_COUNT
+    )]
+    TooMany {
+        /// The whole name.
+        name: String,
+        /// `integrator step` or `layer`.
+        count: &'static str,
+        /// The count given.
+        found: usize,
+    },
 }
 
 /// How counts are written, for the messages of [`NameError`].

@@ -16,6 +16,7 @@ use burn::tensor::{Int, Tensor, TensorData};
 use common::values;
 use coupled_qk::model::{
     Gpt, GptConfig, default_chunk_rows, fused_linear_cross_entropy, linear_cross_entropy,
+    mask_ignored_targets,
 };
 
 type Ad = Autodiff<Flex>;
@@ -279,6 +280,96 @@ fn a_head_of_another_width_is_refused() {
         None,
         4,
     );
+}
+
+#[test]
+fn a_target_outside_the_vocabulary_is_refused_naming_it_on_both_paths() {
+    let device = Default::default();
+    let bad: Vec<i64> = (0..N as i64)
+        .map(|i| if i == 6 { VOCAB as i64 } else { i % 3 })
+        .collect();
+    let bad = Tensor::<Ad, 1, Int>::from_data(TensorData::new(bad, [N]), &device);
+    let negative: Vec<i64> = (0..N as i64)
+        .map(|i| if i == 2 { -100 } else { 1 })
+        .collect();
+    let negative = Tensor::<Ad, 1, Int>::from_data(TensorData::new(negative, [N]), &device);
+    for (targets, expected) in [
+        (
+            bad,
+            format!("target {VOCAB} of row 6 is outside the vocabulary 0..{VOCAB}"),
+        ),
+        (
+            negative,
+            format!("target -100 of row 2 is outside the vocabulary 0..{VOCAB}"),
+        ),
+    ] {
+        for fused in [true, false] {
+            let targets = targets.clone();
+            let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+                let (hidden, head) = (random([N, D], 1), random([VOCAB, D], 2));
+                match fused {
+                    true => fused_linear_cross_entropy(hidden, head, None, targets, None, 4),
+                    false => linear_cross_entropy(hidden, head, None, targets, None, 4),
+                }
+            }))
+            .expect_err("an out-of-range target was accepted");
+            let message = panicked
+                .downcast_ref::<String>()
+                .expect("a formatted message");
+            assert!(
+                message.contains(&expected) && message.contains("mask_ignored_targets"),
+                "{message}"
+            );
+        }
+    }
+}
+
+#[test]
+fn ignored_targets_add_nothing_to_the_loss_or_the_gradients() {
+    // PyTorch's convention: -100 marks rows without a target. Through the weight mask, the loss
+    // and gradients are those of the explicit loss over the kept rows alone.
+    let device = Default::default();
+    let ids: Vec<i64> = (0..N)
+        .map(|i| {
+            if i % 3 == 1 {
+                -100
+            } else {
+                ((i * 5 + 2) % VOCAB) as i64
+            }
+        })
+        .collect();
+    let kept: Vec<f32> = ids
+        .iter()
+        .map(|&t| f32::from(u8::from(t != -100)))
+        .collect();
+    let with_ignored = Tensor::<Ad, 1, Int>::from_data(TensorData::new(ids.clone(), [N]), &device);
+    let zeroed: Vec<i64> = ids.iter().map(|&t| t.max(0)).collect();
+    let reference = |h, w, b, _t, _m| {
+        let targets =
+            Tensor::<Ad, 1, Int>::from_data(TensorData::new(zeroed.clone(), [N]), &device);
+        let weight = Tensor::<Ad, 1>::from_data(TensorData::new(kept.clone(), [N]), &device);
+        explicit(h, w, b, targets, Some(weight))
+    };
+    let masked = |h, w, b, _t, _m| {
+        let (targets, weight) = mask_ignored_targets(with_ignored.clone(), None, -100);
+        fused_linear_cross_entropy(h, w, b, targets, Some(weight), 3)
+    };
+    let expected = loss_and_grads(true, false, reference);
+    let got = loss_and_grads(true, false, masked);
+    for (i, name) in ["loss", "hidden grad", "head grad", "bias grad"]
+        .iter()
+        .enumerate()
+    {
+        assert_close(&expected[i], &got[i], name);
+    }
+    // A weight given as well multiplies in.
+    let (_, weight) = mask_ignored_targets(with_ignored, Some(mask(&device)), -100);
+    let expected: Vec<f64> = values(mask::<Ad>(&device))
+        .iter()
+        .zip(&kept)
+        .map(|(w, k)| w * f64::from(*k))
+        .collect();
+    assert_eq!(values(weight), expected);
 }
 
 /// Every float parameter's gradient, in the module's visiting order.

@@ -55,9 +55,9 @@ struct Args {
     /// auto, flex, ndarray, wgpu or cuda.
     #[arg(long, default_value = "auto")]
     backend: BackendChoice,
-    /// Timed steps per variant (the median is reported).
-    #[arg(long, default_value_t = 7)]
-    reps: usize,
+    /// Timed steps per variant (the median is reported; at least 1).
+    #[arg(long, default_value_t = 7, value_parser = clap::value_parser!(u64).range(1..10_000))]
+    reps: u64,
     /// Untimed steps first, per variant.
     #[arg(long, default_value_t = 2)]
     warmup: usize,
@@ -67,8 +67,9 @@ struct Args {
     /// Only these configurations (tiny, torch-small, torch-medium, long, layer-60m, 60m).
     #[arg(long, value_delimiter = ',')]
     only: Option<Vec<String>>,
-    /// Only these variants (standard, euler1, euler3, leapfrog1, mlp-only, affine1, diff, diff+euler1, burn-mha);
-    /// standard is always run: the ratios are to it.
+    /// Only these variants (by default standard, euler1, euler3, leapfrog1, mlp-only, affine1,
+    /// diff, diff+euler1 and burn-mha; any attention variant's name is taken, e.g.
+    /// affine-uncoupled1); standard is always run: the ratios are to it.
     #[arg(long, value_delimiter = ',')]
     variants: Option<Vec<String>>,
     /// Data-parallel workers per step: each takes batch / N rows (GPUs; on the CPU, N workers
@@ -151,6 +152,16 @@ fn shapes(args: &Args) -> Vec<Shape> {
     shapes
 }
 
+/// The configurations `--only` may name.
+const SHAPES: [&str; 6] = [
+    "tiny",
+    "torch-small",
+    "torch-medium",
+    "long",
+    "layer-60m",
+    "60m",
+];
+
 /// What is compared: a variant of the crate's attention, or burn-nn's layer (layer shape only).
 #[derive(Clone)]
 enum Contender {
@@ -158,7 +169,8 @@ enum Contender {
     BurnMha,
 }
 
-fn contenders(args: &Args) -> Vec<(String, Contender)> {
+/// The variants to time, standard first; an unknown name is an error naming it.
+fn contenders(args: &Args) -> Result<Vec<(String, Contender)>, String> {
     let crate_variants = [
         "standard",
         "euler1",
@@ -177,13 +189,27 @@ fn contenders(args: &Args) -> Vec<(String, Contender)> {
         })
         .collect();
     all.push(("burn-mha".to_string(), Contender::BurnMha));
-    match &args.variants {
-        None => all,
-        Some(keep) => all
-            .into_iter()
-            .filter(|(label, _)| label == "standard" || keep.iter().any(|k| k == label))
-            .collect(),
+    let Some(keep) = &args.variants else {
+        return Ok(all);
+    };
+    let mut chosen = vec![all.swap_remove(0)];
+    for name in keep {
+        let contender = match name.as_str() {
+            "burn-mha" => Contender::BurnMha,
+            _ => Contender::Crate(
+                name.parse()
+                    .map_err(|e| format!("--variants: `{name}` is no attention variant: {e}"))?,
+            ),
+        };
+        let label = match &contender {
+            Contender::Crate(variant) => variant.to_string(),
+            Contender::BurnMha => "burn-mha".to_string(),
+        };
+        if !chosen.iter().any(|(l, _)| *l == label) {
+            chosen.push((label, contender));
+        }
     }
+    Ok(chosen)
 }
 
 /// One timed training step: seconds, and peak heap bytes above those held before it.
@@ -354,7 +380,7 @@ impl MultiDeviceTask for Bench<'_> {
         );
         for shape in shapes(args) {
             let mut runners: Vec<(String, AttentionKernel, Step)> = Vec::new();
-            for (label, contender) in contenders(args) {
+            for (label, contender) in contenders(args).expect("checked in main") {
                 for &kernel in &args.attention_kernel {
                     // Rows are labelled by what varies: the loss, the kernel, or both.
                     let kernel_label =
@@ -408,7 +434,7 @@ impl MultiDeviceTask for Bench<'_> {
             let mut measures = vec![Vec::new(); n];
             for rep in 0..args.reps {
                 for i in 0..n {
-                    let index = (i + rep) % n;
+                    let index = (i + rep as usize) % n;
                     measures[index].push((runners[index].2)());
                 }
             }
@@ -453,6 +479,24 @@ impl MultiDeviceTask for Bench<'_> {
 
 fn main() {
     let args = Args::parse();
+    let refuse = |message: String| -> ! {
+        eprintln!("error: {message}");
+        std::process::exit(2)
+    };
+    if let Some(unknown) = args
+        .only
+        .iter()
+        .flatten()
+        .find(|o| !SHAPES.contains(&o.as_str()))
+    {
+        refuse(format!(
+            "--only: `{unknown}` is no configuration of this benchmark (it has {})",
+            SHAPES.join(", ")
+        ));
+    }
+    if let Err(message) = contenders(&args) {
+        refuse(message);
+    }
     let workers = usize::from(args.devices);
     if let Some(shape) = shapes(&args).iter().find(|s| s.batch % workers != 0) {
         eprintln!(

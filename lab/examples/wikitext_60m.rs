@@ -279,35 +279,36 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         seed: 0,
     };
     let options = LoadOptions::for_program(args.cache_dir.clone(), split);
-    // Before the (possibly long) corpus load: every device takes an equal share of each micro-batch.
-    let mut defaults = TrainConfig::new(GptConfig::preset(args.preset, 256));
-    preset_defaults(args.preset, &mut defaults);
-    let batch_size = args.batch_size.unwrap_or(defaults.batch_size);
+    // Every flag is checked before the (possibly long) corpus load or download: the model's
+    // vocabulary is the tokenizer's.
+    let vocab_size = args.tokenizer.build().vocab_size();
+    let model = GptConfig::preset(args.preset, vocab_size).with_attention(
+        variant_with_steps(&args.attention, args.steps)
+            .map_err(|e| format!("--attention {} --steps: {e}", args.attention))?,
+    );
+    let mut config = TrainConfig::new(model);
+    preset_defaults(args.preset, &mut config);
+    let notes = apply_flags(&args, &mut config)?;
+    config.validate()?;
+    // Every device takes an equal share of each micro-batch.
     let shares = usize::from(args.devices) * ranks;
-    if !batch_size.is_multiple_of(shares) {
+    if !config.batch_size.is_multiple_of(shares) {
         return Err(format!(
-            "--devices {} over {ranks} rank(s): the batch size ({batch_size}) must be divisible by \
-             the devices of all ranks; set --batch-size to a multiple of {shares} (and --grad-accum \
+            "--devices {} over {ranks} rank(s): the batch size ({}) must be divisible by the \
+             devices of all ranks; set --batch-size to a multiple of {shares} (and --grad-accum \
              to keep the tokens per step)",
-            args.devices
+            args.devices, config.batch_size
         )
         .into());
+    }
+    for note in notes {
+        eprintln!("note: {note}");
     }
     let corpus = match load_corpus(&source, args.tokenizer, &options) {
         Ok(loaded) => loaded.corpus,
         Err(e) if e.is_download() => return Err(format!("{e}\n{OFFLINE}").into()),
         Err(e) => return Err(e.into()),
     };
-
-    let model = GptConfig::preset(args.preset, corpus.vocab_size).with_attention(
-        variant_with_steps(&args.attention, args.steps)
-            .map_err(|e| format!("--attention {} --steps: {e}", args.attention))?,
-    );
-    let mut config = TrainConfig::new(model);
-    preset_defaults(args.preset, &mut config);
-    for note in apply_flags(&args, &mut config)? {
-        eprintln!("note: {note}");
-    }
     config.validate_for(&corpus)?;
 
     let attention = config.model.attention.clone();

@@ -55,8 +55,22 @@ pub fn remove_stale_temps(dir: &Path) -> std::io::Result<usize> {
     Ok(removed)
 }
 
-/// Makes a rename in `dir` durable. Only Unix can open a folder to sync it.
-fn sync_dir(dir: &Path) -> std::io::Result<()> {
+/// Creates the folder `dir` (and its parents) and syncs the folder holding it, so that a power
+/// loss cannot drop the new folder while later changes beside it persist.
+pub fn create_dir(dir: &Path) -> std::io::Result<()> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    std::fs::create_dir_all(dir)?;
+    match dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        Some(parent) => sync_dir(parent),
+        None => Ok(()),
+    }
+}
+
+/// Makes a rename, a creation or a removal in `dir` durable. Only Unix can open a folder to sync
+/// it.
+pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
     #[cfg(unix)]
     std::fs::File::open(dir)?.sync_all()?;
     #[cfg(not(unix))]

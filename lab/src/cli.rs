@@ -51,13 +51,32 @@ pub fn backend_advice(e: &BackendError) -> Option<&'static str> {
     }
 }
 
-/// What to do about a suite's error, in terms of the suite programs' flags.
+/// What to do about a suite's error, in terms of the suite programs' flags. `--retry-failed`
+/// is advised only for cells whose failure is recorded (a divergence): the others (a damaged
+/// checkpoint, a changed setting, a folder in use) are tried again by any rerun.
 pub fn suite_advice(e: &SuiteError) -> Option<&'static str> {
     match e {
-        SuiteError::Failed(_) => Some(
-            "fix the cause (for a divergence, a lower --lr), then rerun with --retry-failed to \
-             train them again from scratch",
-        ),
+        SuiteError::Failed(cells) => {
+            let recorded = cells
+                .iter()
+                .filter(|c| crate::suite::FailedCell::recorded(&c.dir).is_some())
+                .count();
+            Some(match (recorded, cells.len() - recorded) {
+                (0, _) => {
+                    "fix what each message names, then rerun: these cells are tried again (and \
+                     resumed where they have a checkpoint) without --retry-failed"
+                }
+                (_, 0) => {
+                    "for a divergence, lower --lr (or lengthen --warmup), then rerun with \
+                     --retry-failed to train those cells again from scratch"
+                }
+                _ => {
+                    "fix what each message names and rerun; the cells that diverged are trained \
+                     again only with --retry-failed (from scratch, with a lower --lr or a \
+                     longer --warmup)"
+                }
+            })
+        }
         SuiteError::NoSuchCell { .. } => Some("--list-cells lists them"),
         SuiteError::Backend(e) => backend_advice(e),
     }

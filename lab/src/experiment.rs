@@ -11,9 +11,9 @@
 //! ```
 //!
 //! Every key but `program` is a flag of that program with `_` for `-` (`max_steps` is
-//! `--max-steps`); arrays are comma lists, `true` is a flag given, `false` one left out. A program
-//! that takes [`ExperimentArgs`] reads its file with [`parse_args`]: the file's flags first, then
-//! those of the command line, which override the file's (`ablations experiments/x.toml --seeds
+//! `--max-steps`); arrays are comma lists; an on/off flag takes only `true` (given) or `false`
+//! (left out), never a string or number. A program that takes [`ExperimentArgs`] reads its file
+//! with [`parse_args`]: the file's flags first, then those of the command line, which override the file's (`ablations experiments/x.toml --seeds
 //! 6,7`). `--print-command` prints the command the file and the flags stand for and stops.
 
 use clap::Parser;
@@ -82,6 +82,23 @@ pub enum ExperimentError {
         program: String,
         /// The keys it accepts.
         known: String,
+    },
+    /// An on/off flag given anything but a TOML boolean: a string `"false"` or a number would
+    /// otherwise turn the flag on.
+    #[error(
+        "{}: `{key}` = {value}: `--{long}` is an on/off flag and takes only a TOML boolean: \
+         write `{key} = true` or `{key} = false` (no quotes)",
+        path.display()
+    )]
+    NotBoolean {
+        /// The file.
+        path: PathBuf,
+        /// The key.
+        key: String,
+        /// The flag's long name.
+        long: String,
+        /// The value as written.
+        value: String,
     },
     /// A value of a type no flag takes (a table, a date, a nested array).
     #[error("{}: `{key}` = {value}: expected a string, number, boolean or array of them", path.display())]
@@ -246,14 +263,30 @@ fn file_flags(
             key: key.clone(),
             value: value.to_string(),
         };
-        let words: Vec<OsString> = match value {
-            toml::Value::Boolean(false) => Vec::new(),
-            toml::Value::Boolean(true) if !arg.get_action().takes_values() => vec![long.into()],
-            toml::Value::Array(items) => {
-                let items: Option<Vec<String>> = items.iter().map(scalar).collect();
-                vec![long.into(), items.ok_or_else(bad)?.join(",").into()]
+        // Values go in as one word, `--flag=value`, so that no value (a `false`, a `-5`) can
+        // become the positional argument or be read as a flag: each reaches the flag's own parser.
+        let words: Vec<OsString> = if arg.get_action().takes_values() {
+            let value = match value {
+                toml::Value::Array(items) => {
+                    let items: Option<Vec<String>> = items.iter().map(scalar).collect();
+                    items.ok_or_else(bad)?.join(",")
+                }
+                other => scalar(other).ok_or_else(bad)?,
+            };
+            vec![format!("{long}={value}").into()]
+        } else {
+            match value {
+                toml::Value::Boolean(true) => vec![long.into()],
+                toml::Value::Boolean(false) => Vec::new(),
+                other => {
+                    return Err(ExperimentError::NotBoolean {
+                        path: path.to_path_buf(),
+                        key: key.clone(),
+                        long: long.trim_start_matches('-').to_string(),
+                        value: other.to_string(),
+                    });
+                }
             }
-            other => vec![long.into(), scalar(other).ok_or_else(bad)?.into()],
         };
         out.push((arg.get_id().to_string(), words));
     }

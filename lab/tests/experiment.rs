@@ -79,7 +79,7 @@ fn the_file_sets_flags_and_the_command_line_overrides_them() {
     let print = print.unwrap();
     assert_eq!(
         print,
-        "cargo run --release --example ablations -- --corpus sotu --max-steps 1500 --lr 0.0006 \
+        "cargo run --release --example ablations -- --corpus=sotu --max-steps=1500 --lr=0.0006 \
          --retry-failed --seeds 6,7"
     );
 }
@@ -124,4 +124,55 @@ fn bad_files_are_refused_naming_the_file_and_the_key() {
 
     let missing = experiment_error(&["no/such/file.toml"]);
     assert!(matches!(missing, ExperimentError::Read { .. }));
+}
+
+#[test]
+fn an_on_off_flag_takes_only_a_boolean_and_no_value_becomes_an_argument() {
+    // A string "false" or a number would have been `--retry-failed false`: the flag on, and
+    // `false` taken as the experiment file.
+    for (name, value) in [
+        ("quoted", "\"false\""),
+        ("zero", "0"),
+        ("true-text", "\"true\""),
+    ] {
+        let path = file(
+            &format!("switch-{name}.toml"),
+            &format!("program = \"ablations\"\nretry_failed = {value}\n"),
+        );
+        let e = experiment_error(&[path.to_str().unwrap()]);
+        let message = e.to_string();
+        eprintln!("{message}");
+        assert!(
+            matches!(e, ExperimentError::NotBoolean { .. }),
+            "{value}: {e:?}"
+        );
+        assert!(
+            message.contains("`retry_failed`") && message.contains("retry_failed = false"),
+            "{message}"
+        );
+    }
+    let off = file(
+        "switch-off.toml",
+        "program = \"ablations\"\nretry_failed = false\n",
+    );
+    assert!(!parse(&[off.to_str().unwrap()]).unwrap().0.retry_failed);
+
+    // A negative number reaches the flag's own parser, which names it, instead of clap's advice
+    // to write `-- -5`.
+    let negative = file("negative.toml", "program = \"ablations\"\nmax_steps = -5\n");
+    let message = experiment_error(&[negative.to_str().unwrap()]).to_string();
+    eprintln!("{message}");
+    assert!(
+        message.contains("'-5'") && message.contains("--max-steps") && !message.contains("-- -5"),
+        "{message}"
+    );
+    // A value that looks like a flag stays a value.
+    let dashed = file(
+        "dashed.toml",
+        "program = \"ablations\"\ncorpus = \"--force\"\n",
+    );
+    assert_eq!(
+        parse(&[dashed.to_str().unwrap()]).unwrap().0.corpus,
+        "--force"
+    );
 }

@@ -415,18 +415,20 @@ fn only_the_last_k_checkpoints_are_kept() {
         Err(TrainError::RunExists { what, .. }) => assert!(what.contains("step 6"), "{what}"),
         other => panic!("expected RunExists, got {other:?}"),
     }
-    // An incomplete checkpoint (interrupted while writing: no manifest, with or without its
-    // state.json) does not count.
-    let partial = dir.join("checkpoints/step-0000009");
+    // An interrupted write (a `.partial` folder) is no checkpoint.
+    let partial = dir.join("checkpoints/step-0000009.partial");
     std::fs::create_dir_all(&partial).unwrap();
     std::fs::write(partial.join("model.mpk"), b"half").unwrap();
     assert_eq!(steps(&dir), [5, 6]);
+    // A `step-N` folder without its manifest is a damaged checkpoint: listed, never loaded.
+    let unmanifested = dir.join("checkpoints/step-0000009");
+    std::fs::create_dir_all(&unmanifested).unwrap();
     let newest = dir.join("checkpoints/step-0000006");
     for file in ["model.mpk", "optimizer.mpk", "state.json"] {
-        std::fs::copy(newest.join(file), partial.join(file)).unwrap();
+        std::fs::copy(newest.join(file), unmanifested.join(file)).unwrap();
     }
-    assert_eq!(steps(&dir), [5, 6]);
-    // Resuming a finished run changes nothing.
+    assert_eq!(steps(&dir), [5, 6, 9]);
+    // Resuming a finished run changes nothing: the damaged folder is set aside, kept.
     let again = train::<B>(&config, &corpus, &dir, true, &device).unwrap();
     assert_eq!(
         (again.resumed_from, again.steps, again.val_loss),
@@ -435,7 +437,13 @@ fn only_the_last_k_checkpoints_are_kept() {
     assert_eq!(read_metrics(&dir.join("metrics.csv")).unwrap().len(), 6);
     assert!(
         !partial.exists(),
-        "the resume removes the incomplete checkpoint"
+        "the resume removes the interrupted write"
+    );
+    assert_eq!(steps(&dir), [5, 6]);
+    assert!(
+        dir.join("checkpoints/step-0000009.rejected/model.mpk")
+            .is_file(),
+        "the damaged checkpoint is kept aside"
     );
 }
 
@@ -1138,4 +1146,66 @@ fn the_loss_kind_defaults_to_fused_and_may_change_on_resume() {
     };
     assert_eq!(differing_fields(&old, &json(&explicit)), vec![]);
     assert_eq!(differing_fields(&new, &json(&explicit)), vec![]);
+}
+
+#[test]
+fn a_resume_refuses_what_it_cannot_continue_and_marks_its_summary() {
+    use coupled_qk_lab::lm::Trainer;
+    let _guard = serial();
+    let corpus = corpus();
+    let device = Default::default();
+    let resume = RunOptions {
+        resume: true,
+        ..quiet()
+    };
+    // --resume into a folder of someone else's files and no run: refused as a fresh run is.
+    let mine = out_dir("resume-foreign");
+    std::fs::create_dir_all(&mine).unwrap();
+    std::fs::write(mine.join("metrics.csv"), "mine\n").unwrap();
+    let err = train_with::<B>(&tiny(2), &corpus, &mine, &resume, &device).unwrap_err();
+    assert!(matches!(err, TrainError::FolderNotEmpty { .. }), "{err}");
+    assert_eq!(
+        std::fs::read_to_string(mine.join("metrics.csv")).unwrap(),
+        "mine\n"
+    );
+
+    let dir = out_dir("resume-limits");
+    let mut config = tiny(4);
+    config.checkpoint_every = 2;
+    let summary = train_with::<B>(&config, &corpus, &dir, &quiet(), &device).unwrap();
+    assert!(summary.finished);
+    let may_change_steps = RunOptions {
+        resume: true,
+        allow_changes: vec!["max_steps"],
+        ..quiet()
+    };
+    // Fewer steps than the checkpoint has done: refused, naming the step.
+    let mut fewer = config.clone();
+    fewer.max_steps = 3;
+    fewer.warmup_steps = 2;
+    let may_change_schedule = RunOptions {
+        allow_changes: vec!["max_steps", "warmup_steps"],
+        ..may_change_steps.clone()
+    };
+    let err = train_with::<B>(&fewer, &corpus, &dir, &may_change_schedule, &device).unwrap_err();
+    assert!(
+        matches!(&err, TrainError::Config { field, .. } if field == "max_steps")
+            && err.to_string().contains("resumes from step 4"),
+        "{err}"
+    );
+    // More steps: the summary says unfinished from the moment the resume starts.
+    let mut more = config.clone();
+    more.max_steps = 6;
+    let trainer = Trainer::<B>::prepare(
+        &more,
+        &corpus,
+        &dir,
+        &may_change_steps,
+        std::slice::from_ref(&device),
+    )
+    .unwrap();
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["finished"], false, "{summary}");
+    drop(trainer);
 }

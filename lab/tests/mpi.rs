@@ -551,3 +551,147 @@ fn nccl_is_declined_or_refused_off_cuda() {
         }
     }
 }
+
+/// A rank of [`a_panicking_rank_ends_the_job_within_seconds`]: both ranks step; rank 1 then
+/// panics (as an assertion or a device out of memory would) while rank 0 goes on.
+fn panic_after_a_step(dir: &Path) {
+    // A watchdog far beyond the test's limit: only the panic may end the job in time.
+    let group = MpiGroup::new(Duration::from_secs(600)).unwrap();
+    let corpus = corpus();
+    let devices = [Default::default()];
+    let mut config = config(100_000);
+    config.eval_every = 100_000;
+    config.checkpoint_every = 100_000;
+    let mut trainer = Trainer::<B>::prepare_in_group(
+        &config,
+        &corpus,
+        &dir.join("run"),
+        &quiet(),
+        &devices,
+        &group,
+    )
+    .unwrap();
+    trainer.step().unwrap();
+    if group.rank() == 1 {
+        std::fs::write(dir.join("rank1.stepped"), "").unwrap();
+        panic!("rank 1 fails on purpose");
+    }
+    loop {
+        trainer.step().unwrap();
+    }
+}
+
+#[test]
+fn a_panicking_rank_ends_the_job_within_seconds() {
+    const TEST: &str = "a_panicking_rank_ends_the_job_within_seconds";
+    if let Ok(dir) = std::env::var(DIR)
+        && std::env::var(ROLE).as_deref() == Ok(TEST)
+    {
+        return panic_after_a_step(Path::new(&dir));
+    }
+    let dir = fresh_dir("panicking-rank");
+    let mut job = launch(TEST, TEST, &dir, 2);
+    let start = Instant::now();
+    while !dir.join("rank1.stepped").exists() {
+        if job.try_wait().unwrap().is_some() {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(300),
+            "rank 1 never stepped"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let panicked = Instant::now();
+    let status = wait_at_most(&mut job, Duration::from_secs(30));
+    let waited = panicked.elapsed();
+    let log = output(job);
+    let status =
+        status.unwrap_or_else(|| panic!("the job still runs 30 s after a rank panicked:\n{log}"));
+    eprintln!(
+        "the job stopped {:.1} s after rank 1 panicked: {status}",
+        waited.as_secs_f64()
+    );
+    assert!(!status.success(), "the job reported success:\n{log}");
+    assert!(
+        log.contains("rank 1 fails on purpose") && log.contains("panicked: aborting the job"),
+        "the job's output does not say which rank panicked and why:\n{log}"
+    );
+}
+
+/// An MPI world whose ranks report the `--collective` each was given (rank `r` the `r`-th of
+/// `choices`), the sums themselves MPI's.
+struct ChosenCollective {
+    mpi: MpiGroup,
+    choice: String,
+}
+
+impl ProcessGroup for ChosenCollective {
+    fn rank(&self) -> usize {
+        self.mpi.rank()
+    }
+    fn world_size(&self) -> usize {
+        self.mpi.world_size()
+    }
+    fn local_rank(&self) -> usize {
+        self.mpi.local_rank()
+    }
+    fn all_reduce_sum_f32(&self, values: &mut [f32]) -> Result<(), CollectiveError> {
+        self.mpi.all_reduce_sum_f32(values)
+    }
+    fn all_reduce_sum_f64(&self, values: &mut [f64]) -> Result<(), CollectiveError> {
+        self.mpi.all_reduce_sum_f64(values)
+    }
+    fn broadcast_bytes(&self, bytes: &mut Vec<u8>) -> Result<(), CollectiveError> {
+        self.mpi.broadcast_bytes(bytes)
+    }
+    fn collective(&self) -> String {
+        self.choice.clone()
+    }
+}
+
+/// A rank of [`ranks_with_different_collectives_refuse_to_start_together`]: rank 0 asks for
+/// `auto`, rank 1 for `mpi`; each writes what `prepare_in_group` said.
+fn start_with_own_collective(dir: &Path) {
+    let mpi = MpiGroup::new(Duration::from_secs(60)).unwrap();
+    let choice = ["auto", "mpi"][mpi.rank()].to_string();
+    let group = ChosenCollective { mpi, choice };
+    let corpus = corpus();
+    let devices = [Default::default()];
+    let out = dir.join(format!("run{}", group.rank()));
+    let said =
+        match Trainer::<B>::prepare_in_group(&config(4), &corpus, &out, &quiet(), &devices, &group)
+        {
+            Ok(_) => "started".to_string(),
+            Err(e) => e.to_string(),
+        };
+    std::fs::write(dir.join(format!("rank{}.said", group.rank())), said).unwrap();
+}
+
+#[test]
+fn ranks_with_different_collectives_refuse_to_start_together() {
+    const TEST: &str = "ranks_with_different_collectives_refuse_to_start_together";
+    if let Ok(dir) = std::env::var(DIR)
+        && std::env::var(ROLE).as_deref() == Ok(TEST)
+    {
+        return start_with_own_collective(Path::new(&dir));
+    }
+    let dir = fresh_dir("different-collectives");
+    let mut job = launch(TEST, TEST, &dir, 2);
+    let status = wait_at_most(&mut job, Duration::from_secs(120));
+    let log = output(job);
+    assert!(status.is_some_and(|s| s.success()), "{status:?}:\n{log}");
+    for rank in 0..2 {
+        let said = std::fs::read_to_string(dir.join(format!("rank{rank}.said"))).unwrap();
+        eprintln!("rank {rank}: {said}");
+        assert!(
+            said.contains("rank 0 with `--collective auto`")
+                && said.contains(["this rank: `auto`", "this rank: `mpi`"][rank]),
+            "{said}"
+        );
+        assert!(
+            !dir.join(format!("run{rank}")).exists(),
+            "rank {rank} wrote a run folder"
+        );
+    }
+}

@@ -194,7 +194,18 @@ fn a_failing_cell_is_recorded_the_others_run_and_a_retry_trains_it_again() {
     );
     assert!(err.to_string().contains("diverges"), "{err}");
     let advice = coupled_qk_lab::cli::advice(&err).unwrap();
-    assert!(advice.contains("--retry-failed"), "{advice}");
+    assert!(advice.contains("rerun with --retry-failed"), "{advice}");
+    // A failure that is not recorded (a damaged checkpoint, a folder in use) is tried again by
+    // any rerun: no advice to retry it.
+    let unrecorded = coupled_qk_lab::suite::SuiteError::Failed(vec![FailedCell {
+        dir: dir.join("no-such-cell"),
+        ..failed.clone()
+    }]);
+    let advice = coupled_qk_lab::cli::advice(&unrecorded).unwrap();
+    assert!(
+        advice.contains("without --retry-failed") && !advice.contains("rerun with --retry-failed"),
+        "{advice}"
+    );
 
     // Rerun: the failed cell is reported again without training (even with a good config now).
     let second = run(&suite(false), 1e-3);

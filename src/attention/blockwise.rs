@@ -32,7 +32,7 @@ pub(crate) struct Blockwise<B: Backend> {
     pub k: Tensor<B, 4>,
     /// `[b, h, s_k, d_v]`.
     pub v: Tensor<B, 4>,
-    /// `[b, h, s_q, s_k]`, `true` = masked out.
+    /// `[b or 1, h or 1, s_q or 1, s_k]`, `true` = masked out, broadcast where it has size 1.
     pub mask: Option<Tensor<B, 4, Bool>>,
     /// Query `i` sees keys `j ≤ i + s_k − s_q` (aligned at the bottom right).
     pub causal: bool,
@@ -96,9 +96,15 @@ impl<B: Backend> Blockwise<B> {
         };
         match &self.mask {
             Some(mask) => {
+                let [mb, mh, mq, _] = mask.dims();
+                let rows = match mq {
+                    1 => 0..1,
+                    _ => rows.clone(),
+                };
                 let mask = mask
                     .clone()
-                    .slice([0..batch, 0..heads, rows.clone(), 0..keys]);
+                    .slice([0..mb, 0..mh, rows, 0..keys])
+                    .expand([batch, heads, n, keys]);
                 scores.mask_fill(mask, f32::NEG_INFINITY)
             }
             None => scores,

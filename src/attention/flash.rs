@@ -39,11 +39,13 @@ pub trait FlashAttention: AutodiffBackend {
 ///
 /// The graph keeps `q`, `k`, `v`, the output and `[batch, heads, s_q]` log-normalisers; the
 /// forward and backward passes each hold one block's `[batch, heads, block_rows, s_k]` scores
-/// and probabilities at a time, and a causal block scores only the keys it can see.
+/// and probabilities at a time, and a causal block scores only the keys it can see. A mask is
+/// read as it is given, broadcast over the dimensions where it has size 1: a padding mask
+/// `[batch, 1, 1, s_k]` costs `batch · s_k` bools, never `batch · heads · s_q · s_k`.
 ///
 /// # Shapes
 /// - `q`: `[batch, heads, s_q, d]`; `k`: `[batch, heads, s_k, d]`; `v`: `[batch, heads, s_k, d_v]`
-/// - `mask`: `[batch, heads, s_q, s_k]`
+/// - `mask`: `[batch or 1, heads or 1, s_q or 1, s_k]`
 /// - output: `[batch, heads, s_q, d_v]`
 ///
 /// # Panics
@@ -72,10 +74,15 @@ pub fn flash_attention<B: FlashAttention>(
         v.dims()
     );
     if let Some(mask) = &mask {
-        assert_eq!(
-            mask.dims(),
-            [batch, heads, s_q, s_k],
-            "flash_attention: mask must be [batch, heads, s_q, s_k], got {:?}",
+        let [mb, mh, mq, mk] = mask.dims();
+        assert!(
+            [mb, mh, mq]
+                .iter()
+                .zip([batch, heads, s_q])
+                .all(|(&m, full)| m == full || m == 1)
+                && mk == s_k,
+            "flash_attention: mask must be [batch or 1, heads or 1, s_q or 1, s_k] = \
+             [{batch}, {heads}, {s_q}, {s_k}], got {:?}",
             mask.dims()
         );
     }

@@ -37,12 +37,12 @@ pub(crate) fn applies<B: Backend>(blockwise: &Blockwise<B>) -> bool {
 /// [`Blockwise::forward`] on this kernel: the output and the log-normalisers `[b, h, s_q, 1]`.
 pub(crate) fn forward<B: Backend>(blockwise: &Blockwise<B>) -> (Tensor<B, 4>, Tensor<B, 4>) {
     let dims = Dims::of(blockwise);
-    let mask = blockwise.mask.clone().map(bools);
+    let mask = blockwise.mask.clone().map(MaskData::read);
     let (output, lse) = forward_host(
         &floats(blockwise.q.clone()),
         &floats(blockwise.k.clone()),
         &floats(blockwise.v.clone()),
-        mask.as_deref(),
+        mask.as_ref().map(MaskData::view),
         dims,
     );
     let [batch, heads, s_q, _] = blockwise.q.dims();
@@ -61,13 +61,13 @@ pub(crate) fn backward<B: Backend>(
     grad_output: Tensor<B, 4>,
 ) -> BlockwiseGrads<B> {
     let dims = Dims::of(blockwise);
-    let mask = blockwise.mask.clone().map(bools);
+    let mask = blockwise.mask.clone().map(MaskData::read);
     let grads = backward_host(
         Inputs {
             q: &floats(blockwise.q.clone()),
             k: &floats(blockwise.k.clone()),
             v: &floats(blockwise.v.clone()),
-            mask: mask.as_deref(),
+            mask: mask.as_ref().map(MaskData::view),
         },
         &floats(output),
         &floats(lse),
@@ -120,16 +120,64 @@ fn swap_middle(data: &[f32], [_, x, y, d]: [usize; 4]) -> Vec<f32> {
     out
 }
 
-fn bools<B: Backend>(t: Tensor<B, 4, burn::tensor::Bool>) -> Vec<bool> {
-    t.into_data()
-        .into_vec::<bool>()
-        .expect("a bool tensor's data are bools")
+/// A mask as it was given, `[b or 1, h or 1, s_q or 1, s_k]`: read without broadcasting it, so
+/// that a padding mask costs `b · s_k` bools here, not `b · h · s_q · s_k`.
+struct MaskData {
+    bits: Vec<bool>,
+    dims: [usize; 4],
+}
+
+impl MaskData {
+    fn read<B: Backend>(t: Tensor<B, 4, burn::tensor::Bool>) -> Self {
+        let dims = t.dims();
+        let bits = t
+            .into_data()
+            .into_vec::<bool>()
+            .expect("a bool tensor's data are bools");
+        MaskData { bits, dims }
+    }
+
+    fn view(&self) -> Mask<'_> {
+        Mask {
+            bits: &self.bits,
+            dims: self.dims,
+        }
+    }
+}
+
+/// A view of a [`MaskData`], or of one (batch, head)'s part of it (`dims[0] = dims[1] = 1`).
+#[derive(Clone, Copy)]
+struct Mask<'a> {
+    bits: &'a [bool],
+    /// `[b or 1, h or 1, s_q or 1, s_k]`.
+    dims: [usize; 4],
+}
+
+impl<'a> Mask<'a> {
+    /// The part of (batch, head) `h`, counted over `batch × heads`.
+    fn head(&self, h: usize, heads: usize) -> Mask<'a> {
+        let [mb, mh, mq, s_k] = self.dims;
+        let b = if mb == 1 { 0 } else { h / heads };
+        let head = if mh == 1 { 0 } else { h % heads };
+        Mask {
+            bits: &self.bits[(b * mh + head) * mq * s_k..][..mq * s_k],
+            dims: [1, 1, mq, s_k],
+        }
+    }
+
+    /// Query `i`'s row over the first `keys` keys.
+    fn row(&self, i: usize, keys: usize) -> &'a [bool] {
+        let [_, _, mq, s_k] = self.dims;
+        let row = if mq == 1 { 0 } else { i };
+        &self.bits[row * s_k..][..keys]
+    }
 }
 
 /// Sizes of one attention, with `bh` = batch × heads.
 #[derive(Clone, Copy, Debug)]
 struct Dims {
     bh: usize,
+    heads: usize,
     s_q: usize,
     s_k: usize,
     d: usize,
@@ -144,6 +192,7 @@ impl Dims {
         let [_, _, s_k, d_v] = blockwise.v.dims();
         Dims {
             bh: batch * heads,
+            heads,
             s_q,
             s_k,
             d,
@@ -168,7 +217,7 @@ struct Inputs<'a> {
     q: &'a [f32],
     k: &'a [f32],
     v: &'a [f32],
-    mask: Option<&'a [bool]>,
+    mask: Option<Mask<'a>>,
 }
 
 impl<'a> Inputs<'a> {
@@ -181,7 +230,7 @@ impl<'a> Inputs<'a> {
             q: &self.q[h * s_q * d..][..s_q * d],
             k: &self.k[h * s_k * d..][..s_k * d],
             v: &self.v[h * s_k * d_v..][..s_k * d_v],
-            mask: self.mask.map(|m| &m[h * s_q * s_k..][..s_q * s_k]),
+            mask: self.mask.map(|m| m.head(h, dims.heads)),
         }
     }
 
@@ -194,8 +243,8 @@ impl<'a> Inputs<'a> {
     }
 
     /// The mask of query `i` over the first `keys` keys (`true`: hidden).
-    fn mask_row(&self, i: usize, keys: usize, s_k: usize) -> Option<&'a [bool]> {
-        self.mask.map(|m| &m[i * s_k..][..keys])
+    fn mask_row(&self, i: usize, keys: usize) -> Option<&'a [bool]> {
+        self.mask.map(|m| m.row(i, keys))
     }
 }
 
@@ -204,7 +253,7 @@ fn forward_host(
     q: &[f32],
     k: &[f32],
     v: &[f32],
-    mask: Option<&[bool]>,
+    mask: Option<Mask<'_>>,
     dims: Dims,
 ) -> (Vec<f32>, Vec<f32>) {
     let Dims { bh, s_q, d_v, .. } = dims;
@@ -390,12 +439,22 @@ impl<'a> Mat<'a> {
         }
     }
 
-    /// Whether a `rows × cols` matrix fits in the slice.
+    /// Whether a `rows × cols` matrix fits in the slice (false where its last element's offset
+    /// does not fit a `usize`, which release builds would otherwise wrap).
     fn holds(&self, rows: usize, cols: usize) -> bool {
         rows == 0
             || cols == 0
-            || (rows - 1) * self.row_stride + (cols - 1) * self.col_stride < self.data.len()
+            || last_offset(rows, cols, self.row_stride, self.col_stride)
+                .is_some_and(|last| last < self.data.len())
     }
+}
+
+/// The offset of the last element of a non-empty `rows × cols` matrix with these strides, or
+/// `None` where it overflows.
+fn last_offset(rows: usize, cols: usize, row_stride: usize, col_stride: usize) -> Option<usize> {
+    (rows - 1)
+        .checked_mul(row_stride)?
+        .checked_add((cols - 1).checked_mul(col_stride)?)
 }
 
 /// `dst = alpha·dst + beta·(a·b)` over `[m, n, k]` (`a`: `m × k`, `b`: `k × n`), `dst` row-major
@@ -412,7 +471,13 @@ fn gemm(
     [m, n, k]: [usize; 3],
     beta: f32,
 ) {
-    let fits = m == 0 || n == 0 || (m - 1) * dst_stride + n - 1 < dst.len();
+    // Rows of dst must not overlap (a stride below n would make gemm write one element twice).
+    assert!(
+        m <= 1 || dst_stride >= n,
+        "gemm: dst's row stride {dst_stride} is below its {n} columns"
+    );
+    let fits =
+        m == 0 || n == 0 || last_offset(m, n, dst_stride, 1).is_some_and(|last| last < dst.len());
     assert!(
         fits && a.holds(m, k) && b.holds(k, n),
         "gemm: a [{m}, {k}] · b [{k}, {n}] does not fit its slices"
@@ -489,7 +554,7 @@ impl pulp::WithSimd for BlockRows<'_> {
         } = self;
         for (r, row) in weights.chunks_exact_mut(keys).enumerate() {
             let i = start + r;
-            let max = hide(row, dims.visible(i), head.mask_row(i, keys, dims.s_k));
+            let max = hide(row, dims.visible(i), head.mask_row(i, keys));
             match &mut lse {
                 Lse::Read(lse) => {
                     exp_shifted(simd, row, lse[r]);
@@ -692,6 +757,67 @@ mod tests {
         }
     }
 
+    /// A mask broadcast over batch, heads or queries gives what the same mask expanded to
+    /// `[b, h, s_q, s_k]` gives, on the kernel and on the tensor-op passes.
+    #[test]
+    fn a_broadcast_mask_is_the_expanded_mask() {
+        let device = Default::default();
+        let random = |shape: [usize; 4]| {
+            Tensor::<Flex, 4>::random(shape, Distribution::Normal(0.0, 1.0), &device)
+        };
+        let (s_q, s_k, d) = (70, 90, 8);
+        for shape in [
+            [2, 1, 1, s_k],
+            [1, 3, 1, s_k],
+            [2, 1, s_q, s_k],
+            [1, 1, 1, s_k],
+        ] {
+            let len: usize = shape.iter().product();
+            let bits: Vec<bool> = (0..len).map(|i| (i * 7 + i / 13) % 5 == 0).collect();
+            let mask = Tensor::<Flex, 4, Bool>::from_bool(TensorData::new(bits, shape), &device);
+            let full = mask.clone().expand([2, 3, s_q, s_k]);
+            let (q, k, v) = (
+                random([2, 3, s_q, d]),
+                random([2, 3, s_k, d]),
+                random([2, 3, s_k, d]),
+            );
+            let grad_output = random([2, 3, s_q, d]);
+            let passes = |mask: Tensor<Flex, 4, Bool>, host: bool| {
+                let blockwise = Blockwise {
+                    q: q.clone(),
+                    k: k.clone(),
+                    v: v.clone(),
+                    mask: Some(mask),
+                    causal: true,
+                    block_rows: 16,
+                };
+                let (output, lse) = match host {
+                    true => forward(&blockwise),
+                    false => blockwise.forward_tensor_ops(),
+                };
+                let grads = match host {
+                    true => backward(&blockwise, output.clone(), lse.clone(), grad_output.clone()),
+                    false => blockwise.backward_tensor_ops(
+                        output.clone(),
+                        lse.clone(),
+                        grad_output.clone(),
+                    ),
+                };
+                [output, lse, grads.q, grads.k, grads.v]
+            };
+            let expected = passes(full, true);
+            for host in [true, false] {
+                for (name, (got, expected)) in ["output", "lse", "dq", "dk", "dv"]
+                    .iter()
+                    .zip(passes(mask.clone(), host).into_iter().zip(expected.clone()))
+                {
+                    let what = format!("{name}, mask {shape:?}, host kernel {host}");
+                    assert_close_to_scale(got, expected, &what);
+                }
+            }
+        }
+    }
+
     /// The vectorised exponential is within 2 ulp of the standard library's over the range the
     /// kernel feeds it, and exact at its edges.
     #[test]
@@ -732,5 +858,51 @@ mod tests {
         }
         let expected: f32 = (0..19).map(|i| (i as f32 * 0.25 - 1.0).exp()).sum();
         assert!((sum - expected).abs() <= 1e-5 * expected);
+    }
+
+    /// The product's bounds are checked without wrapping, and a destination whose rows overlap
+    /// is refused rather than written twice.
+    #[test]
+    fn gemm_refuses_what_does_not_fit() {
+        let a = [1.0f32; 4];
+        let b = [1.0f32; 4];
+        let mut dst = [0.0f32; 8];
+        gemm(
+            &mut dst,
+            2,
+            false,
+            Mat::rows(&a, 2),
+            Mat::rows(&b, 2),
+            [2, 2, 2],
+            1.0,
+        );
+        assert_eq!(&dst[..4], [2.0; 4]);
+        assert_eq!(last_offset(usize::MAX, 2, 2, 1), None);
+        assert_eq!(last_offset(3, 4, 10, 1), Some(23));
+        // A stride so large that the last offset wraps to a small number in release builds.
+        let huge = Mat {
+            data: &a,
+            row_stride: usize::MAX / 2 + 1,
+            col_stride: 1,
+        };
+        assert!(!huge.holds(3, 1));
+        let overlapping = std::panic::catch_unwind(|| {
+            let mut dst = [0.0f32; 8];
+            gemm(
+                &mut dst,
+                1,
+                false,
+                Mat::rows(&a, 2),
+                Mat::rows(&b, 2),
+                [2, 2, 2],
+                1.0,
+            );
+        });
+        let message = overlapping.unwrap_err();
+        let message = message.downcast_ref::<String>().unwrap();
+        assert!(
+            message.contains("row stride 1 is below its 2 columns"),
+            "{message}"
+        );
     }
 }

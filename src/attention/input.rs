@@ -37,8 +37,8 @@ impl<B: Backend> AttentionInput<B> {
         self
     }
 
-    /// The sequence, checked to be `[batch, seq, d_model]`, and its masks combined into one of
-    /// `[batch, heads, seq, seq]`.
+    /// The sequence, checked to be `[batch, seq, d_model]`, and its masks combined into one
+    /// shared by the heads (`[batch, 1, 1 or seq, seq]`, see [`combine_masks`]).
     ///
     /// # Panics
     /// If a shape is wrong; the message starts with `layer` and names the expected shape.
@@ -46,10 +46,9 @@ impl<B: Backend> AttentionInput<B> {
         self,
         layer: &str,
         d_model: usize,
-        heads: usize,
     ) -> (Tensor<B, 3>, Option<Tensor<B, 4, Bool>>) {
         let [batch, seq, _] = check_input(layer, &self.x, d_model);
-        let mask = combine_masks(layer, self.mask_pad, self.mask_attn, [batch, heads, seq]);
+        let mask = combine_masks(layer, self.mask_pad, self.mask_attn, [batch, seq]);
         (self.x, mask)
     }
 }

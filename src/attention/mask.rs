@@ -26,8 +26,10 @@ pub(crate) fn future_mask<B: Backend>(
     Tensor::<B, 2, Bool>::tril_mask([s_q, s_k], s_k as i64 - s_q as i64, device)
 }
 
-/// One `[batch, heads, seq, seq]` mask (`true`: masked out) from a padding mask `[batch, seq]`
-/// and an attention mask `[batch, seq, seq]`, either optional.
+/// One mask (`true`: masked out) from a padding mask `[batch, seq]` and an attention mask
+/// `[batch, seq, seq]`, either optional, shared by every head: `[batch, 1, 1, seq]` for a padding
+/// mask alone, `[batch, 1, seq, seq]` otherwise. Kept unbroadcast so that the flash kernel reads
+/// it as it is; the scoring paths that need `[batch, heads, s_q, s_k]` expand it (a view).
 ///
 /// # Panics
 /// If a mask has another shape; the message starts with `layer`.
@@ -35,9 +37,8 @@ pub(crate) fn combine_masks<B: Backend>(
     layer: &str,
     mask_pad: Option<Tensor<B, 2, Bool>>,
     mask_attn: Option<Tensor<B, 3, Bool>>,
-    [batch, heads, seq]: [usize; 3],
+    [batch, seq]: [usize; 2],
 ) -> Option<Tensor<B, 4, Bool>> {
-    let full = [batch, heads, seq, seq];
     let pad = mask_pad.map(|m| {
         assert_eq!(
             m.dims(),
@@ -46,7 +47,7 @@ pub(crate) fn combine_masks<B: Backend>(
             [batch, seq],
             m.dims()
         );
-        m.reshape([batch, 1, 1, seq]).expand(full)
+        m.reshape([batch, 1, 1, seq])
     });
     let attn = mask_attn.map(|m| {
         assert_eq!(
@@ -56,10 +57,18 @@ pub(crate) fn combine_masks<B: Backend>(
             [batch, seq, seq],
             m.dims()
         );
-        m.reshape([batch, 1, seq, seq]).expand(full)
+        m.reshape([batch, 1, seq, seq])
     });
     match (pad, attn) {
-        (Some(a), Some(b)) => Some(a.bool_or(b)),
+        (Some(pad), Some(attn)) => Some(pad.expand([batch, 1, seq, seq]).bool_or(attn)),
         (a, b) => a.or(b),
     }
+}
+
+/// `mask` broadcast to `[batch, heads, s_q, s_k]` (a view where the backend has them).
+pub(crate) fn expand_mask<B: Backend>(
+    mask: Option<Tensor<B, 4, Bool>>,
+    full: [usize; 4],
+) -> Option<Tensor<B, 4, Bool>> {
+    mask.map(|m| if m.dims() == full { m } else { m.expand(full) })
 }

@@ -1,7 +1,7 @@
 //! Scaled dot-product scoring: the one place that turns evolved queries and keys into context.
 
 use super::kernel::{AttentionKernel, FlashFn, flash_for};
-use super::mask::{causal_bias, future_mask};
+use super::mask::{causal_bias, expand_mask, future_mask};
 use burn::nn::Dropout;
 use burn::tensor::activation::softmax;
 use burn::tensor::module::attention;
@@ -26,7 +26,7 @@ use burn::tensor::{Bool, FloatDType, Tensor, backend::Backend};
 ///
 /// # Shapes
 /// - `q`: `[batch, heads, s_q, d_head]`; `k`, `v`: `[batch, heads, s_k, d_head]`
-/// - `mask`: `[batch, heads, s_q, s_k]`
+/// - `mask`: `[batch or 1, heads or 1, s_q or 1, s_k]`
 /// - output: `[batch, heads, s_q, d_head]`
 ///
 /// # Panics
@@ -53,6 +53,8 @@ pub(crate) fn attend<B: Backend>(
         softcap: None,
         is_causal: causal,
     };
+    let [batch, heads, s_q, _] = q.dims();
+    let mask = expand_mask(mask, [batch, heads, s_q, k.dims()[2]]);
     attention(q, k, v, mask, None, options)
 }
 
@@ -92,7 +94,7 @@ pub(crate) fn attend_explicit<B: Backend>(
 ///
 /// # Shapes
 /// - `q`: `[batch, heads, s_q, d]`; `k`: `[batch, heads, s_k, d]`
-/// - `mask`: `[batch, heads, s_q, s_k]`
+/// - `mask`: `[batch or 1, heads or 1, s_q or 1, s_k]`
 /// - output: `[batch, heads, s_q, s_k]`
 pub(crate) fn attention_weights<B: Backend>(
     q: Tensor<B, 4>,
@@ -102,6 +104,7 @@ pub(crate) fn attention_weights<B: Backend>(
 ) -> Tensor<B, 4> {
     let [batch, heads, s_q, d_head] = q.dims();
     let s_k = k.dims()[2];
+    let mask = expand_mask(mask, [batch, heads, s_q, s_k]);
     let scores = q
         .matmul(k.swap_dims(2, 3))
         .mul_scalar(1.0 / (d_head as f64).sqrt()); // [batch, heads, s_q, s_k]

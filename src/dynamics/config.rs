@@ -124,10 +124,27 @@ impl DynamicsConfig {
                 0,
                 "the coupled dynamics need at least 1 integrator step (use `standard` for none)",
             )),
+            Self::Affine { layers, .. } if *layers > MAX_COUNT => Err(ConfigError::new(
+                "DynamicsConfig",
+                "layers",
+                layers,
+                format!("at most {MAX_COUNT} affine layers"),
+            )),
+            Self::Coupled { steps, .. } if *steps > MAX_COUNT => Err(ConfigError::new(
+                "DynamicsConfig",
+                "steps",
+                steps,
+                format!("at most {MAX_COUNT} integrator steps"),
+            )),
             _ => Ok(()),
         }
     }
 }
+
+/// The most integrator steps or affine layers a variant may have: each keeps its activations
+/// for the backward pass, so a mistyped count (`euler100000`) would otherwise run the machine out
+/// of memory before the first step; the paper uses one to a few.
+pub const MAX_COUNT: usize = 64;
 
 /// The names of the variants without an integrator.
 const STANDARD: &str = "standard";
@@ -169,14 +186,22 @@ impl FromStr for DynamicsConfig {
             base
         };
         let count = |kind: &'static str| -> Result<usize, NameError> {
-            match digits {
-                "" => Ok(1),
+            let found: usize = match digits {
+                "" => 1,
                 d => d.parse().map_err(|_| NameError::NotANumber {
                     name: name.to_string(),
                     count: kind,
                     digits: d.to_string(),
-                }),
+                })?,
+            };
+            if found > MAX_COUNT {
+                return Err(NameError::TooMany {
+                    name: name.to_string(),
+                    count: kind,
+                    found,
+                });
             }
+            Ok(found)
         };
         let zero = |what: &'static str, count: &'static str| NameError::ZeroCount {
             name: name.to_string(),
@@ -304,5 +329,23 @@ mod tests {
     fn zero_steps_is_rejected() {
         let err = DynamicsConfig::euler(0).validate().unwrap_err();
         assert_eq!(err.field, "steps");
+    }
+
+    #[test]
+    fn counts_beyond_the_bound_are_refused_before_anything_is_built() {
+        for name in [
+            "euler100000",
+            "leapfrog65",
+            "affine65",
+            "affine-uncoupled1000",
+        ] {
+            let err = name.parse::<DynamicsConfig>().unwrap_err();
+            assert!(matches!(err, NameError::TooMany { .. }), "{name}: {err}");
+            assert!(err.to_string().contains("more than the 64"), "{err}");
+        }
+        assert!("euler64".parse::<DynamicsConfig>().is_ok());
+        let err = DynamicsConfig::euler(65).validate().unwrap_err();
+        assert_eq!(err.field, "steps");
+        assert!(DynamicsConfig::euler(64).validate().is_ok());
     }
 }

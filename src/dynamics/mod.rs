@@ -5,7 +5,7 @@ mod affine;
 mod config;
 
 pub use affine::{AffineCoupling, AffineLayer, SCALE_BOUND};
-pub use config::DynamicsConfig;
+pub use config::{DynamicsConfig, MAX_COUNT};
 
 use crate::coupling::{CouplingNet, CouplingNetConfig};
 use crate::error::ConfigError;

@@ -54,11 +54,13 @@ impl<B: FusedLoss + FlashAttention> FusedOps for B {}
 ///
 /// # Shapes
 /// - `hidden`: `[n, d]`; `head`: `[vocab, d]`; `bias`: `[vocab]`
-/// - `targets`: `[n]`, each in `0..vocab`; `weight`: `[n]`
+/// - `targets`: `[n]`, each in `0..vocab` (see
+///   [`mask_ignored_targets`](super::mask_ignored_targets) for an ignore index); `weight`: `[n]`
 /// - output: `[1]`
 ///
 /// # Panics
-/// If the shapes do not match, `n` is 0 or `chunk_rows` is 0.
+/// If the shapes do not match, `n` is 0, `chunk_rows` is 0, or a target is outside `0..vocab`
+/// (the message names it and its row; checking reads one value back from the device).
 pub fn fused_linear_cross_entropy<B: FusedLoss>(
     hidden: Tensor<B, 2>,
     head: Tensor<B, 2>,

@@ -7,7 +7,7 @@
 
 #[cfg(feature = "autodiff")]
 use burn::tensor::IndexingUpdateOp;
-use burn::tensor::{Int, Tensor, backend::Backend};
+use burn::tensor::{ElementConversion, FloatDType, Int, Tensor, backend::Backend};
 use core::ops::Range;
 
 /// The logit floats a chunk holds with [`default_chunk_rows`]: 32M (128 MB in f32).
@@ -31,11 +31,13 @@ pub fn default_chunk_rows(vocab: usize) -> usize {
 ///
 /// # Shapes
 /// - `hidden`: `[n, d]`; `head`: `[vocab, d]`; `bias`: `[vocab]`
-/// - `targets`: `[n]`, each in `0..vocab`; `weight`: `[n]`
+/// - `targets`: `[n]`, each in `0..vocab` (see [`mask_ignored_targets`] for an ignore index);
+///   `weight`: `[n]`
 /// - output: `[1]`
 ///
 /// # Panics
-/// If the shapes do not match, `n` is 0 or `chunk_rows` is 0.
+/// If the shapes do not match, `n` is 0, `chunk_rows` is 0, or a target is outside `0..vocab`
+/// (the message names it and its row; checking reads one value back from the device).
 pub fn linear_cross_entropy<B: Backend>(
     hidden: Tensor<B, 2>,
     head: Tensor<B, 2>,
@@ -45,6 +47,51 @@ pub fn linear_cross_entropy<B: Backend>(
     chunk_rows: usize,
 ) -> Tensor<B, 1> {
     LinearLoss::new(hidden, head, bias, targets, weight, chunk_rows).forward()
+}
+
+/// Targets with an ignore index (PyTorch's `ignore_index`, e.g. `-100` at padding) as the losses
+/// take them: each row whose target is `ignore_index` gets weight 0 (times `weight`'s, where
+/// given) and target 0, so that it adds nothing to the loss or the gradients. Pass both to
+/// [`linear_cross_entropy`] or [`fused_linear_cross_entropy`](super::fused_linear_cross_entropy)
+/// and divide by the weights' sum for the mean over the kept rows.
+///
+/// # Shapes
+/// - `targets`, `weight` and both outputs: `[n]`
+pub fn mask_ignored_targets<B: Backend>(
+    targets: Tensor<B, 1, Int>,
+    weight: Option<Tensor<B, 1>>,
+    ignore_index: i64,
+) -> (Tensor<B, 1, Int>, Tensor<B, 1>) {
+    let ignored = targets.clone().equal_elem(ignore_index);
+    let kept = ignored.clone().bool_not().float();
+    let weight = match weight {
+        Some(weight) => weight.clone() * kept.cast(FloatDType::from(weight.dtype())),
+        None => kept,
+    };
+    (targets.mask_fill(ignored, 0), weight)
+}
+
+/// Panics with a message naming the first target outside `0..vocab`, if any (one read of the
+/// device: Flex would otherwise panic on an index out of bounds, a GPU read other memory).
+fn check_targets<B: Backend>(targets: &Tensor<B, 1, Int>, vocab: usize) {
+    let outside = targets
+        .clone()
+        .lower_elem(0)
+        .bool_or(targets.clone().greater_equal_elem(vocab as i64));
+    if outside.clone().int().sum().into_scalar().elem::<i64>() == 0 {
+        return;
+    }
+    let row = outside.int().argmax(0).into_scalar().elem::<i64>() as usize;
+    let target = targets
+        .clone()
+        .slice([row..row + 1])
+        .into_scalar()
+        .elem::<i64>();
+    panic!(
+        "linear cross-entropy: target {target} of row {row} is outside the vocabulary 0..{vocab}; \
+         for rows to ignore (padding marked -100), pass the targets through \
+         mask_ignored_targets(targets, weight, -100) first"
+    );
 }
 
 /// The inputs of a chunked linear cross-entropy, checked, and its per-chunk passes.
@@ -119,6 +166,7 @@ impl<B: Backend> LinearLoss<B> {
                 "linear cross-entropy: weight is not [{n}]"
             );
         }
+        check_targets(&targets, v);
         Self {
             hidden,
             head,

@@ -16,7 +16,9 @@ pub use config::{GptConfig, NormKind, Positions, Preset};
 pub use fused_loss::{FusedLoss, FusedOps, fused_linear_cross_entropy};
 pub use generate::SamplerConfig;
 pub use gpt::{Block, BlockAttention, Gpt, GptCache, Mlp, Norm};
-pub use linear_loss::{CHUNK_FLOATS, default_chunk_rows, linear_cross_entropy};
+pub use linear_loss::{
+    CHUNK_FLOATS, default_chunk_rows, linear_cross_entropy, mask_ignored_targets,
+};
 pub use loss::masked_cross_entropy;
 pub use variant::AttentionVariant;
 #[cfg(feature = "safetensors")]

@@ -34,6 +34,16 @@ pub enum Stale {
     Mismatch(String),
 }
 
+impl std::fmt::Display for Stale {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Stale::Missing => f.write_str("not written yet"),
+            Stale::Corrupt(why) => write!(f, "damaged: {why}"),
+            Stale::Mismatch(why) => write!(f, "out of date: {why}"),
+        }
+    }
+}
+
 impl TokenCache {
     /// Caches in `dir` (created on first write).
     pub fn new(dir: impl Into<PathBuf>) -> Self {

@@ -105,7 +105,7 @@ pub fn load_corpus(
                 let corrupt = matches!(stale, Stale::Corrupt(_));
                 if corrupt || (options.verbose && stale != Stale::Missing) {
                     eprintln!(
-                        "{}token cache {} not used ({stale:?}); rebuilding",
+                        "{}token cache {} not used ({stale}); rebuilding",
                         if corrupt { "warning: " } else { "" },
                         options.cache.path(&key).display()
                     );

@@ -126,6 +126,13 @@ pub trait ProcessGroup {
     fn abort(&self, code: i32) -> ! {
         std::process::exit(code)
     }
+    /// How this rank sums gradients, as `--collective` chose it (`mpi`, `auto`, `nccl`; `host`
+    /// for a group with no choice): ranks that differ would issue different collectives, which
+    /// MPI does not define (a truncation abort or a hang), so the ranks compare it before they
+    /// train.
+    fn collective(&self) -> String {
+        "host".into()
+    }
     /// A name of this rank for messages, e.g. `rank 1 of 4 (node07)`.
     fn describe(&self) -> String {
         format!("rank {} of {}", self.rank(), self.world_size())
@@ -155,6 +162,27 @@ impl ProcessGroup for SingleProcess {
     fn broadcast_bytes(&self, _bytes: &mut Vec<u8>) -> Result<(), CollectiveError> {
         Ok(())
     }
+}
+
+thread_local! {
+    /// How many [`catch_expected_panic`] calls this thread is inside.
+    static EXPECTING_PANIC: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Runs `f`, catching a panic it is known to raise on bad input (Burn's record loading, a GPU
+/// backend's start-up probe) as `std::panic::catch_unwind` does. Only such panics are caught
+/// without ending a job of several ranks: every other panic aborts the whole job (see
+/// `MpiGroup::new`).
+pub fn catch_expected_panic<T>(f: impl FnOnce() -> T) -> std::thread::Result<T> {
+    EXPECTING_PANIC.with(|n| n.set(n.get() + 1));
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    EXPECTING_PANIC.with(|n| n.set(n.get() - 1));
+    result
+}
+
+/// Whether this thread is inside [`catch_expected_panic`].
+pub fn panic_is_expected() -> bool {
+    EXPECTING_PANIC.with(|n| n.get() > 0)
 }
 
 /// How long a rank waits in one collective before it decides that another rank has died or hangs

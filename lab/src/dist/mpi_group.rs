@@ -60,6 +60,9 @@ impl MpiGroup {
         });
         let name = format!("rank {rank} of {size} ({host})");
         let can_abort = threading == mpi::Threading::Multiple;
+        if size > 1 {
+            abort_job_on_panic(name.clone());
+        }
         let watched = Arc::clone(&watch);
         std::thread::Builder::new()
             .name("collective-watchdog".into())
@@ -94,6 +97,24 @@ impl MpiGroup {
         *self.watch.busy.lock().unwrap() = None;
         result
     }
+}
+
+/// Makes a panic on this rank (an assertion, a device out of memory) end the whole job at once,
+/// after the panic's own message: unwinding would otherwise finalise MPI, a collective that waits
+/// for ranks still training, and those would wait in their next collective until the watchdog's
+/// timeout. Panics caught on purpose ([`super::catch_expected_panic`]) are left alone.
+fn abort_job_on_panic(name: String) {
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        previous(info);
+        if super::panic_is_expected() {
+            return;
+        }
+        eprintln!(
+            "error: {name} panicked: aborting the job (the run folder keeps its last checkpoint to resume from)"
+        );
+        SimpleCommunicator::world().abort(4);
+    }));
 }
 
 fn watchdog(watch: &Watch, timeout: Duration, name: &str, can_abort: bool) {
@@ -156,6 +177,9 @@ impl ProcessGroup for MpiGroup {
     }
     fn abort(&self, code: i32) -> ! {
         self.world.abort(code)
+    }
+    fn collective(&self) -> String {
+        "mpi".into()
     }
     fn describe(&self) -> String {
         format!("rank {} of {} ({})", self.rank, self.size, self.host)

@@ -319,6 +319,9 @@ impl ProcessGroup for NcclGroup {
             _ => Ok(false),
         }
     }
+    fn collective(&self) -> String {
+        self.choice.to_string()
+    }
     fn abort(&self, code: i32) -> ! {
         self.mpi.abort(code)
     }

@@ -1,18 +1,28 @@
 //! Checkpoints: `out_dir/checkpoints/step-0000100/{model.mpk, optimizer.mpk, state.json,
 //! manifest.json}`.
 //!
-//! Each file is written atomically (temporary file, sync, rename), and the manifest (the size and
-//! XXH64 digest of the other files, see [`super::manifest`]) last: a checkpoint counts only once
-//! its manifest exists, so an interrupt at any moment leaves either a complete checkpoint or one
-//! that is ignored (and later pruned). Every read compares the files with the manifest first, so
-//! a damaged checkpoint is refused instead of decoding into other weights. Checkpoints written
-//! before manifests existed (`state.json` format 3, no manifest) still load, unchecked.
+//! A checkpoint is written into `step-0000100.partial/` (each file synced, the manifest, the size
+//! and XXH64 digest of the other files, see [`super::manifest`], last) and only then renamed to
+//! `step-0000100/`, the folders synced around the rename: a `step-N` folder is always one that
+//! was written to the end, and a `.partial` one is provably an interrupted write, the only kind
+//! removed without a word. Every read compares the files with the manifest first, so a damaged
+//! checkpoint is refused instead of decoding into other weights; a resume that falls back past a
+//! damaged or unreadable checkpoint renames it aside to `step-N.rejected/` with a `REJECTED.txt`
+//! saying why, so it is never taken for the newest again nor pruned in place of a good one.
+//!
+//! The digests protect against accidental damage (a flipped bit, a truncated copy, a file
+//! swapped between checkpoints), not against deliberate edits: whoever can write the files can
+//! write a matching manifest. Checkpoints written before manifests existed (`state.json` format
+//! 3, which recorded no model config) still load, unchecked, with a warning; a checkpoint of a
+//! later format without its manifest is damaged.
 //!
 //! The records are Burn's named MessagePack at full precision: bit-exact `f32` weights and
 //! optimiser moments (exact resume needs both), and, unlike the bincode recorder, an error rather
 //! than a panic on a damaged file.
 
-use super::manifest::{CheckedFolder, Damage, MANIFEST_FILE, Verification, write_manifest};
+use super::manifest::{
+    CHECKPOINT_FILES, CheckedFolder, Damage, MANIFEST_FILE, Verification, write_manifest,
+};
 use super::{FieldChange, TrainError, differing_fields};
 use crate::atomic;
 use burn::module::Module;
@@ -23,9 +33,17 @@ use coupled_qk::model::{Gpt, GptConfig};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
-const MODEL: &str = "model.mpk";
-const OPTIMIZER: &str = "optimizer.mpk";
-const STATE: &str = "state.json";
+const MODEL: &str = CHECKPOINT_FILES[0];
+const OPTIMIZER: &str = CHECKPOINT_FILES[1];
+const STATE: &str = CHECKPOINT_FILES[2];
+/// The suffix of a checkpoint folder being written.
+const PARTIAL: &str = "partial";
+/// The suffix of a checkpoint folder being replaced by a new one of the same step.
+const SUPERSEDED: &str = "superseded";
+/// The suffix of a checkpoint folder set aside as damaged.
+const REJECTED: &str = "rejected";
+/// The note in a rejected checkpoint folder.
+pub const REJECTED_NOTE: &str = "REJECTED.txt";
 /// 4 since each checkpoint has a manifest and records its model's config; 3 (each coupled
 /// layer's dynamics a `QkDynamics` enum) still loads, without either. Older records do not load.
 const FORMAT: u32 = 4;
@@ -108,33 +126,101 @@ pub fn checkpoint_dir(out_dir: &Path, step: usize) -> PathBuf {
     checkpoints_dir(out_dir).join(format!("step-{step:07}"))
 }
 
-/// The complete checkpoints of a run (those written to the end: with their manifest, or from
-/// before manifests), oldest first. Damaged ones are listed too: reading them is refused.
+/// The checkpoints of a run, oldest first: its `step-N` folders that hold any file of a
+/// checkpoint, each written to the end (or damaged since: reading one is refused, naming the
+/// damage).
 pub fn list_checkpoints(out_dir: &Path) -> Result<Vec<(usize, PathBuf)>, TrainError> {
-    Ok(all_checkpoint_dirs(out_dir)?
-        .into_iter()
-        .filter(|(_, dir)| is_complete(dir))
-        .collect())
+    let mut found = all_checkpoint_dirs(out_dir)?;
+    found.retain(|(_, dir)| {
+        CHECKPOINT_FILES
+            .iter()
+            .chain([&MANIFEST_FILE])
+            .any(|file| dir.join(file).exists())
+    });
+    Ok(found)
 }
 
-/// Whether a checkpoint folder was written to the end: it has its manifest, or it predates
-/// manifests (a `state.json` of format 3, or one too damaged to tell). A `state.json` of the
-/// current format without a manifest is a write that was interrupted.
-pub(super) fn is_complete(dir: &Path) -> bool {
-    #[derive(Deserialize)]
-    struct Format {
-        format: u32,
-    }
+/// Whether a checkpoint folder has its manifest, or is one written before manifests (a
+/// `state.json` of format 3, which recorded no model config). Anything else lacks a manifest it
+/// should have.
+pub(super) fn has_manifest_or_predates_them(dir: &Path) -> bool {
     if dir.join(MANIFEST_FILE).is_file() {
         return true;
     }
-    let Ok(bytes) = std::fs::read(dir.join(STATE)) else {
-        return false;
-    };
-    match serde_json::from_slice::<Format>(&bytes) {
-        Ok(state) => state.format <= FORMAT_WITHOUT_MANIFEST,
-        Err(_) => true,
+    #[derive(Deserialize)]
+    struct Format {
+        format: u32,
+        model: Option<serde_json::Value>,
     }
+    std::fs::read(dir.join(STATE))
+        .ok()
+        .and_then(|bytes| serde_json::from_slice::<Format>(&bytes).ok())
+        .is_some_and(|state| predates_manifests(state.format, state.model.as_ref()))
+}
+
+/// Whether a state is one of a checkpoint written before manifests: format 3 did not record
+/// its model, so a `state.json` that does was written with a manifest.
+fn predates_manifests(format: u32, model: Option<&serde_json::Value>) -> bool {
+    format == FORMAT_WITHOUT_MANIFEST && model.is_none()
+}
+
+/// The folders a checkpoint write left that hold no checkpoint (`step-N.partial`, an interrupted
+/// write, and `step-N.superseded`, an older copy of a step written again).
+pub(super) fn interrupted_writes(out_dir: &Path) -> Result<Vec<PathBuf>, TrainError> {
+    let root = checkpoints_dir(out_dir);
+    let entries = match std::fs::read_dir(&root) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(TrainError::io("list", root, e)),
+    };
+    let mut found = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| TrainError::io("list", &root, e))?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        let ours = [PARTIAL, SUPERSEDED].iter().any(|suffix| {
+            name.strip_prefix("step-")
+                .and_then(|rest| rest.strip_suffix(suffix)?.strip_suffix('.'))
+                .is_some_and(|digits| {
+                    !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())
+                })
+        });
+        if ours {
+            found.push(entry.path());
+        }
+    }
+    found.sort();
+    Ok(found)
+}
+
+/// Renames the checkpoint folder `dir` aside to `step-N.rejected` (or `.rejected-2`, ...) with
+/// a note saying `why`, and returns the new folder. A rejected checkpoint is kept for the user
+/// to inspect or delete, but no longer counts as a checkpoint.
+pub(super) fn reject_checkpoint(dir: &Path, why: &str) -> Result<PathBuf, TrainError> {
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let parent = dir.parent().unwrap_or(Path::new("."));
+    let aside = (1..)
+        .map(|n| match n {
+            1 => parent.join(format!("{name}.{REJECTED}")),
+            n => parent.join(format!("{name}.{REJECTED}-{n}")),
+        })
+        .find(|p| !p.exists())
+        .expect("an unused name");
+    std::fs::rename(dir, &aside).map_err(|e| TrainError::io("set aside", dir, e))?;
+    atomic::sync_dir(parent).map_err(|e| TrainError::io("sync", parent, e))?;
+    // The note is a courtesy: the rename is what takes the checkpoint out of use.
+    let _ = std::fs::write(
+        aside.join(REJECTED_NOTE),
+        format!(
+            "This checkpoint was set aside as {} because {why}.\n\
+             It is kept for you to inspect; delete this folder when you no longer need it.\n",
+            dir.display()
+        ),
+    );
+    Ok(aside)
 }
 
 /// Every checkpoint folder of a run, complete or not, oldest first.
@@ -176,15 +262,10 @@ where
     O: Optimizer<Gpt<B>, B>,
 {
     let dir = checkpoint_dir(out_dir, state.step);
-    // A folder left by an earlier attempt at this step stops counting before it is overwritten.
-    for file in [MANIFEST_FILE, STATE] {
-        match std::fs::remove_file(dir.join(file)) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                return Err(TrainError::io("remove", dir.join(file), e));
-            }
-            _ => {}
-        }
-    }
+    let root = checkpoints_dir(out_dir);
+    atomic::create_dir(&root).map_err(|e| TrainError::io("create", &root, e))?;
+    let partial = sibling(&dir, PARTIAL);
+    remove_dir_if_present(&partial)?;
     let (model_bytes, optimizer_bytes) = encode_records(model, optimizer, &dir)?;
     let state_json = serde_json::to_vec_pretty(state).expect("a CheckpointState always serialises");
     let files: [(&str, &[u8]); 3] = [
@@ -193,11 +274,38 @@ where
         (STATE, &state_json),
     ];
     for (file, bytes) in files {
-        let path = dir.join(file);
+        let path = partial.join(file);
         atomic::write(&path, bytes).map_err(|e| TrainError::io("write", path, e))?;
     }
-    write_manifest(&dir, &files)?;
+    write_manifest(&partial, &files)?;
+    // A folder of the same step (written before a fallback to an older checkpoint) is moved
+    // aside first: a folder cannot be renamed over a non-empty one.
+    let superseded = sibling(&dir, SUPERSEDED);
+    let had_old = dir.exists();
+    if had_old {
+        remove_dir_if_present(&superseded)?;
+        std::fs::rename(&dir, &superseded).map_err(|e| TrainError::io("rename", &dir, e))?;
+    }
+    std::fs::rename(&partial, &dir).map_err(|e| TrainError::io("rename", &partial, e))?;
+    atomic::sync_dir(&root).map_err(|e| TrainError::io("sync", &root, e))?;
+    if had_old {
+        remove_dir_if_present(&superseded)?;
+    }
     Ok(dir)
+}
+
+/// `step-N.suffix` beside the checkpoint folder `dir` (`step-N`).
+fn sibling(dir: &Path, suffix: &str) -> PathBuf {
+    let mut name = dir.file_name().unwrap_or_default().to_os_string();
+    name.push(format!(".{suffix}"));
+    dir.with_file_name(name)
+}
+
+fn remove_dir_if_present(dir: &Path) -> Result<(), TrainError> {
+    match std::fs::remove_dir_all(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(TrainError::io("remove", dir, e)),
+        _ => Ok(()),
+    }
 }
 
 /// The records of `model` and `optimizer` as the bytes of a checkpoint's `model.mpk` and
@@ -291,10 +399,30 @@ where
     B: AutodiffBackend,
     O: Optimizer<Gpt<B>, B>,
 {
-    let mut rejected = Vec::new();
+    let mut rejected: Vec<(PathBuf, PathBuf, Damage)> = Vec::new();
     for (_, dir) in checkpoints.iter().rev() {
         match load_checkpoint(dir, model.clone(), new_optimizer(), device) {
             Ok((model, optimizer, state)) => {
+                // Only now, with a good checkpoint to continue from, are the newer ones set
+                // aside: left in place, the newest of them would still count as the run's newest
+                // (and get a newer good checkpoint pruned in its favour). Older folders without
+                // the manifest they should have are set aside too, rather than pruned unseen.
+                let older_unmanifested = checkpoints
+                    .iter()
+                    .take_while(|(_, older)| older != dir)
+                    .filter(|(_, older)| !has_manifest_or_predates_them(older))
+                    .map(|(_, older)| (older.clone(), older.join(MANIFEST_FILE), Damage::Missing));
+                let rejected: Vec<_> = rejected.drain(..).chain(older_unmanifested).collect();
+                for (checkpoint, path, damage) in &rejected {
+                    let why = format!("its file {} is {damage}", path.display());
+                    let aside = reject_checkpoint(checkpoint, &why)?;
+                    say(format!(
+                        "note: set the damaged checkpoint {} aside as {} (kept for you to \
+                         inspect or delete)",
+                        checkpoint.display(),
+                        aside.display()
+                    ));
+                }
                 if !rejected.is_empty() {
                     say(format!(
                         "note: resuming from {} instead, the newest checkpoint that verifies",
@@ -312,14 +440,17 @@ where
                     path.display(),
                     dir.display()
                 ));
-                rejected.push((path, damage));
+                rejected.push((dir.clone(), path, damage));
             }
             Err(e) => return Err(e),
         }
     }
     Err(TrainError::NoGoodCheckpoint {
         path: out_dir.to_path_buf(),
-        rejected,
+        rejected: rejected
+            .into_iter()
+            .map(|(_, path, damage)| (path, damage))
+            .collect(),
     })
 }
 
@@ -342,8 +473,12 @@ fn read_state(folder: &mut CheckedFolder, dir: &Path) -> Result<CheckpointState,
         })?;
     let readable = match folder.verification() {
         Verification::Verified => state.format == FORMAT,
-        Verification::NoManifest if state.format == FORMAT => {
-            // Written by this format, but its manifest is gone: not a complete checkpoint.
+        Verification::NoManifest
+            if !predates_manifests(state.format, state.model.as_ref())
+                && state.format >= FORMAT_WITHOUT_MANIFEST =>
+        {
+            // Written with a manifest (its format, or the model config it records, says so),
+            // and the manifest is gone.
             return Err(TrainError::CheckpointCorrupt {
                 path: dir.join(MANIFEST_FILE),
                 damage: Damage::Missing,
@@ -398,9 +533,8 @@ fn fit_record<B: burn::tensor::backend::Backend>(
         hint: "load it with the model settings of the run's config.json, or start a new folder",
     };
     let expected = param_shapes(&model);
-    let model =
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| model.load_record(record)))
-            .map_err(|_| mismatch("its record does not fit the model".into()))?;
+    let model = crate::dist::catch_expected_panic(|| model.load_record(record))
+        .map_err(|_| mismatch("its record does not fit the model".into()))?;
     let loaded = param_shapes(&model);
     if loaded.len() != expected.len() {
         return Err(mismatch(format!(
@@ -420,16 +554,15 @@ fn fit_record<B: burn::tensor::backend::Backend>(
 }
 
 /// The trained model of a run folder, for inference on any backend: the model its `config.json`
-/// describes, with the weights of its newest complete checkpoint (every file of which must match
-/// the checkpoint's manifest; the optimiser state is checked, not decoded). Returns the run's
-/// config too.
+/// describes, with the weights of its newest checkpoint whose files all match the checkpoint's
+/// manifest (the optimiser state is checked, not decoded). A damaged or unreadable newer
+/// checkpoint is skipped with a note on stderr naming it and its damage. Returns the run's config
+/// and the step of the checkpoint taken.
 ///
 /// # Errors
-/// A folder without `config.json` or without a complete checkpoint;
-/// [`TrainError::CheckpointCorrupt`] for a damaged checkpoint (no older one is taken in its
-/// place: generating from other weights than asked for would mislead);
-/// [`TrainError::CheckpointMismatch`] for a `config.json` that describes another model than the
-/// checkpoint's; unreadable files.
+/// A folder without `config.json` or without a checkpoint; [`TrainError::NoGoodCheckpoint`] when
+/// none verifies; [`TrainError::CheckpointMismatch`] for a `config.json` that describes another
+/// model than the checkpoint's; unreadable files.
 pub fn load_trained<B: burn::tensor::backend::Backend>(
     out_dir: &Path,
     device: &B::Device,
@@ -445,31 +578,74 @@ pub fn load_trained<B: burn::tensor::backend::Backend>(
     let mut json: serde_json::Value = serde_json::from_str(&text).map_err(corrupt)?;
     super::config::fill_model_defaults(&mut json);
     let config: super::RunConfig = serde_json::from_value(json).map_err(corrupt)?;
-    let Some((step, dir)) = list_checkpoints(out_dir)?.pop() else {
+    let checkpoints = list_checkpoints(out_dir)?;
+    if checkpoints.is_empty() {
         return Err(TrainError::Corrupt {
             path: checkpoints_dir(out_dir),
             message: "holds no complete checkpoint".into(),
             hint: "train the run (or resume it) until it writes one",
         });
-    };
-    let mut folder = CheckedFolder::open(&dir)?;
-    let state = read_state(&mut folder, &dir)?;
-    let model_bytes = folder.read(MODEL)?;
-    if folder.check_rest()? == Verification::NoManifest {
-        eprintln!("{}", unverified_warning(&dir));
     }
-    let changes = state.model_changes(&config.train.model);
-    if !changes.is_empty() {
-        return Err(TrainError::CheckpointMismatch {
-            checkpoint: dir,
-            config: config_path,
-            changes,
-        });
+    let mut rejected = Vec::new();
+    for (step, dir) in checkpoints.into_iter().rev() {
+        let read = (|| {
+            let mut folder = CheckedFolder::open(&dir)?;
+            let state = read_state(&mut folder, &dir)?;
+            let model_bytes = folder.read(MODEL)?;
+            let verification = folder.check_rest()?;
+            Ok::<_, TrainError>((state, model_bytes, verification))
+        })();
+        let (state, model_bytes, verification) = match read {
+            Ok(read) => read,
+            Err(TrainError::CheckpointCorrupt { path, damage }) => {
+                eprintln!(
+                    "note: checkpoint file {} is {damage}: skipping the checkpoint {}",
+                    path.display(),
+                    dir.display()
+                );
+                rejected.push((path, damage));
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        if verification == Verification::NoManifest {
+            eprintln!("{}", unverified_warning(&dir));
+        }
+        let changes = state.model_changes(&config.train.model);
+        if !changes.is_empty() {
+            return Err(TrainError::CheckpointMismatch {
+                checkpoint: dir,
+                config: config_path,
+                changes,
+            });
+        }
+        let model: Gpt<B> = config.train.model.try_init(device)?;
+        let record = match decode::<B, _>(model_bytes, &dir, MODEL, device) {
+            Ok(record) => record,
+            Err(TrainError::CheckpointCorrupt { path, damage }) => {
+                eprintln!(
+                    "note: checkpoint file {} is {damage}: skipping the checkpoint {}",
+                    path.display(),
+                    dir.display()
+                );
+                rejected.push((path, damage));
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        let model = fit_record(model, record, &dir.join(MODEL))?;
+        if !rejected.is_empty() {
+            eprintln!(
+                "note: using {} instead, the newest checkpoint that verifies",
+                dir.display()
+            );
+        }
+        return Ok((model, config, step));
     }
-    let model: Gpt<B> = config.train.model.try_init(device)?;
-    let record = decode::<B, _>(model_bytes, &dir, MODEL, device)?;
-    let model = fit_record(model, record, &dir.join(MODEL))?;
-    Ok((model, config, step))
+    Err(TrainError::NoGoodCheckpoint {
+        path: out_dir.to_path_buf(),
+        rejected,
+    })
 }
 
 /// The newest checkpoint of the run in `out_dir`, at most `up_to` steps, whose files all match
@@ -511,27 +687,21 @@ fn param_shapes<B: burn::tensor::backend::Backend>(model: &Gpt<B>) -> Vec<(Strin
     shapes.found
 }
 
-/// Deletes all but the newest `keep` complete checkpoints, and incomplete ones older than the
-/// newest complete one (left by an interrupt; a newer incomplete one may be being written).
+/// Deletes all but the newest `keep` checkpoints (rejected ones, set aside, are not counted and
+/// not touched).
 pub fn prune_checkpoints(out_dir: &Path, keep: usize) -> Result<(), TrainError> {
-    let all = all_checkpoint_dirs(out_dir)?;
-    let complete: Vec<usize> = all
-        .iter()
-        .filter(|(_, dir)| is_complete(dir))
-        .map(|(step, _)| *step)
-        .collect();
-    let Some(&newest) = complete.last() else {
-        return Ok(());
-    };
-    let kept = &complete[complete.len().saturating_sub(keep)..];
-    for (step, dir) in all {
-        if step < newest && !kept.contains(&step) {
-            // The manifest and state.json first, so a folder half-deleted by an interrupt no
-            // longer counts.
-            let _ = std::fs::remove_file(dir.join(MANIFEST_FILE));
-            let _ = std::fs::remove_file(dir.join(STATE));
-            std::fs::remove_dir_all(&dir).map_err(|e| TrainError::io("remove", dir, e))?;
-        }
+    let all = list_checkpoints(out_dir)?;
+    let prune = all.len().saturating_sub(keep.max(1));
+    for (_, dir) in &all[..prune] {
+        // The manifest and state.json first, so a folder half-deleted by an interrupt no longer
+        // counts as a checkpoint that verifies.
+        let _ = std::fs::remove_file(dir.join(MANIFEST_FILE));
+        let _ = std::fs::remove_file(dir.join(STATE));
+        std::fs::remove_dir_all(dir).map_err(|e| TrainError::io("remove", dir, e))?;
+    }
+    if prune > 0 {
+        let root = checkpoints_dir(out_dir);
+        atomic::sync_dir(&root).map_err(|e| TrainError::io("sync", &root, e))?;
     }
     Ok(())
 }

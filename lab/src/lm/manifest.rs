@@ -17,6 +17,9 @@ use twox_hash::XxHash64;
 pub const MANIFEST_FILE: &str = "manifest.json";
 /// Version of the manifest's layout.
 const FORMAT: u32 = 1;
+/// The files a checkpoint has, and so the only names a manifest may list: a name from anywhere
+/// else (`/dev/zero`, `../config.json`) would make a check read files outside the checkpoint.
+pub const CHECKPOINT_FILES: [&str; 3] = ["model.mpk", "optimizer.mpk", "state.json"];
 
 /// What is wrong with a checkpoint file.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -43,6 +46,10 @@ pub enum Damage {
     /// The manifest itself does not parse, does not match its own digest, or lacks an entry.
     #[error("corrupt: {0}")]
     Manifest(String),
+    /// It cannot be read (the operating system's error: permissions, an I/O error, a folder
+    /// where the file should be).
+    #[error("unreadable ({0})")]
+    Unreadable(String),
     /// It does not decode (a checkpoint written before manifests, whose damage only shows here).
     #[error("truncated or corrupt: it does not decode as a checkpoint {0}")]
     Undecodable(&'static str),
@@ -108,6 +115,18 @@ impl Manifest {
         if Self::checksum_of(manifest.format, &manifest.files) != manifest.checksum {
             return Err("its entries do not match its own checksum".into());
         }
+        for (i, entry) in manifest.files.iter().enumerate() {
+            if !CHECKPOINT_FILES.contains(&entry.name.as_str()) {
+                return Err(format!(
+                    "it lists `{}`, which is no file of a checkpoint (only {})",
+                    entry.name,
+                    CHECKPOINT_FILES.join(", ")
+                ));
+            }
+            if manifest.files[..i].iter().any(|e| e.name == entry.name) {
+                return Err(format!("it lists `{}` twice", entry.name));
+            }
+        }
         // Catches what parsing forgives (a space turned into a tab or a newline).
         if manifest.to_bytes() != bytes {
             return Err("it is not the text that was written".into());
@@ -163,7 +182,7 @@ impl CheckedFolder {
                     }
                 })?),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-                Err(e) => return Err(TrainError::io("read", path, e)),
+                Err(e) => return Err(unreadable(path, &e)),
             };
         Ok(CheckedFolder {
             dir: dir.to_path_buf(),
@@ -205,7 +224,7 @@ impl CheckedFolder {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 return Err(corrupt(path, Damage::Missing));
             }
-            Err(e) => return Err(TrainError::io("read", path, e)),
+            Err(e) => return Err(unreadable(path, &e)),
         };
         if let Some(entry) = entry {
             if bytes.len() as u64 != entry.size {
@@ -248,6 +267,14 @@ impl CheckedFolder {
     }
 }
 
+/// A checkpoint file the system cannot read: damage like any other, so that a resume falls back.
+fn unreadable(path: PathBuf, e: &std::io::Error) -> TrainError {
+    TrainError::CheckpointCorrupt {
+        path,
+        damage: Damage::Unreadable(e.to_string()),
+    }
+}
+
 /// Checks every file of the checkpoint in `dir` against its manifest.
 ///
 /// # Errors
@@ -270,7 +297,8 @@ mod tests {
     }
 
     fn write_files(dir: &Path) {
-        let files: [(&str, &[u8]); 2] = [("a.bin", b"0123456789"), ("b.json", b"{\"x\": 1}")];
+        let files: [(&str, &[u8]); 2] =
+            [("model.mpk", b"0123456789"), ("state.json", b"{\"x\": 1}")];
         for (name, bytes) in files {
             std::fs::write(dir.join(name), bytes).unwrap();
         }
@@ -298,17 +326,17 @@ mod tests {
     fn each_kind_of_damage_names_its_file() {
         let dir = folder("damage");
         write_files(&dir);
-        std::fs::write(dir.join("a.bin"), b"0123456780").unwrap();
+        std::fs::write(dir.join("model.mpk"), b"0123456780").unwrap();
         let (path, found) = damage(&dir);
-        assert_eq!(path, dir.join("a.bin"));
+        assert_eq!(path, dir.join("model.mpk"));
         assert!(matches!(found, Damage::Digest { .. }), "{found:?}");
 
         write_files(&dir);
-        std::fs::write(dir.join("b.json"), b"{\"x\"").unwrap();
+        std::fs::write(dir.join("state.json"), b"{\"x\"").unwrap();
         assert_eq!(
             damage(&dir),
             (
-                dir.join("b.json"),
+                dir.join("state.json"),
                 Damage::Size {
                     recorded: 8,
                     found: 4
@@ -317,8 +345,8 @@ mod tests {
         );
 
         write_files(&dir);
-        std::fs::remove_file(dir.join("a.bin")).unwrap();
-        assert_eq!(damage(&dir), (dir.join("a.bin"), Damage::Missing));
+        std::fs::remove_file(dir.join("model.mpk")).unwrap();
+        assert_eq!(damage(&dir), (dir.join("model.mpk"), Damage::Missing));
         std::fs::remove_dir_all(dir).unwrap();
     }
 
@@ -342,6 +370,50 @@ mod tests {
             assert_eq!(named, path, "byte {at}");
             assert!(matches!(found, Damage::Manifest(_)), "byte {at}: {found:?}");
         }
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// A manifest rewritten with a consistent checksum but other entries: what its writer could
+    /// not have written.
+    fn forge(dir: &Path, files: Vec<Entry>) {
+        std::fs::write(dir.join(MANIFEST_FILE), Manifest::new(files).to_bytes()).unwrap();
+    }
+
+    #[test]
+    fn a_manifest_names_only_the_files_of_a_checkpoint() {
+        let dir = folder("forged");
+        write_files(&dir);
+        let entry = |name: &str| Entry {
+            name: name.to_string(),
+            size: 0,
+            xxh64: digest(b""),
+        };
+        let outside = ["/dev/zero", "../config.json", "sub/model.mpk", ".lock", ""];
+        for name in outside {
+            forge(&dir, vec![entry(name)]);
+            let (path, found) = damage(&dir);
+            assert_eq!(path, dir.join(MANIFEST_FILE), "{name}");
+            assert!(
+                matches!(&found, Damage::Manifest(m) if m.contains("no file of a checkpoint")),
+                "{name}: {found:?}"
+            );
+        }
+        forge(&dir, vec![entry("state.json"), entry("state.json")]);
+        assert!(matches!(damage(&dir).1, Damage::Manifest(m) if m.contains("twice")));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn an_unreadable_file_is_damage_naming_the_system_error() {
+        let dir = folder("unreadable");
+        write_files(&dir);
+        // A folder where the file should be: unreadable even to root, which ignores modes.
+        std::fs::remove_file(dir.join("model.mpk")).unwrap();
+        std::fs::create_dir(dir.join("model.mpk")).unwrap();
+        let (path, found) = damage(&dir);
+        assert_eq!(path, dir.join("model.mpk"));
+        assert!(matches!(found, Damage::Unreadable(_)), "{found:?}");
+        assert!(found.to_string().starts_with("unreadable ("), "{found}");
         std::fs::remove_dir_all(dir).unwrap();
     }
 }

@@ -21,8 +21,8 @@ mod train;
 mod trainer;
 
 pub use checkpoint::{
-    CheckpointState, checkpoint_dir, checkpoints_dir, list_checkpoints, load_checkpoint,
-    load_trained, prune_checkpoints, save_checkpoint, unverified_warning,
+    CheckpointState, REJECTED_NOTE, checkpoint_dir, checkpoints_dir, list_checkpoints,
+    load_checkpoint, load_trained, prune_checkpoints, save_checkpoint, unverified_warning,
 };
 pub use clip::{clip_global_norm, clip_to_norm};
 pub use config::{

@@ -1,7 +1,7 @@
 //! A run folder: its lock, what a killed run left in it, and whether a run starts fresh there or
 //! resumes (and with which changes).
 
-use super::checkpoint::{all_checkpoint_dirs, is_complete, list_checkpoints};
+use super::checkpoint::{all_checkpoint_dirs, interrupted_writes, list_checkpoints};
 use super::config::{FieldChange, OPTIMISER_FIELDS, RecordedChange, RunConfig, differing_fields};
 use super::{RunOptions, TrainError};
 use crate::atomic;
@@ -49,9 +49,10 @@ fn lock_folder(out_dir: &Path) -> Result<std::fs::File, TrainError> {
 }
 
 /// Removes what a killed run left in its folder: temporary files of interrupted writes and
-/// incomplete checkpoint folders (no manifest). Only with the folder's lock held, when no live
-/// process writes there.
-fn remove_leftovers(out_dir: &Path) -> Result<(), TrainError> {
+/// checkpoint folders whose write was interrupted (`step-N.partial`, `step-N.superseded`: never
+/// a `step-N` folder, which is only ever a finished write). Only with the folder's lock held,
+/// when no live process writes there.
+fn remove_leftovers(out_dir: &Path, say: &dyn Fn(String)) -> Result<(), TrainError> {
     let clean = |dir: &Path| {
         atomic::remove_stale_temps(dir)
             .map(drop)
@@ -59,11 +60,14 @@ fn remove_leftovers(out_dir: &Path) -> Result<(), TrainError> {
     };
     clean(out_dir)?;
     for (_, dir) in all_checkpoint_dirs(out_dir)? {
-        if is_complete(&dir) {
-            clean(&dir)?;
-        } else {
-            std::fs::remove_dir_all(&dir).map_err(|e| TrainError::io("remove", &dir, e))?;
-        }
+        clean(&dir)?;
+    }
+    for dir in interrupted_writes(out_dir)? {
+        std::fs::remove_dir_all(&dir).map_err(|e| TrainError::io("remove", &dir, e))?;
+        say(format!(
+            "note: removed {}, a checkpoint write that was interrupted",
+            dir.display()
+        ));
     }
     Ok(())
 }
@@ -94,8 +98,8 @@ pub(super) fn open_run_folder(
             return Err(e);
         }
     };
-    if start.checkpoints.is_some() {
-        remove_leftovers(out_dir)?;
+    if options.resume {
+        remove_leftovers(out_dir, say)?;
     }
     Ok((lock, start))
 }
@@ -122,6 +126,24 @@ impl Start {
     }
 }
 
+/// Refuses a folder holding files of something else than a run, unless forced: a run would
+/// overwrite them (`metrics.csv`, `summary.json`, `loss.svg`).
+fn refuse_foreign_files(out_dir: &Path, options: &RunOptions) -> Result<(), TrainError> {
+    let foreign = std::fs::read_dir(out_dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .find(|name| name != LOCK_FILE);
+    match (options.force, foreign) {
+        (false, Some(first)) => Err(TrainError::FolderNotEmpty {
+            path: out_dir.to_path_buf(),
+            first,
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// Decides between a fresh run and a resume, checking the folder and the config: the complete
 /// checkpoints to resume from (or `None` for a fresh start), the settings this resume changes,
 /// and the record of earlier changes.
@@ -134,36 +156,28 @@ fn resolve_start(
     let config_path = out_dir.join("config.json");
     let checkpoints = list_checkpoints(out_dir)?;
     let fresh = Start::fresh();
-    if !options.resume {
-        if config_path.exists() || !checkpoints.is_empty() {
-            let what = match checkpoints.last() {
-                Some((step, _)) => format!("checkpoints up to step {step}"),
-                None => "a config.json".to_string(),
-            };
-            return Err(TrainError::RunExists {
-                path: out_dir.to_path_buf(),
-                what,
-            });
-        }
-        let foreign = std::fs::read_dir(out_dir)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|entry| entry.file_name().to_string_lossy().into_owned())
-            .find(|name| name != LOCK_FILE);
-        if let (false, Some(first)) = (options.force, foreign) {
-            return Err(TrainError::FolderNotEmpty {
-                path: out_dir.to_path_buf(),
-                first,
-            });
-        }
-        return Ok(fresh);
+    if !options.resume && (config_path.exists() || !checkpoints.is_empty()) {
+        let what = match checkpoints.last() {
+            Some((step, _)) => format!("checkpoints up to step {step}"),
+            None => "a config.json".to_string(),
+        };
+        return Err(TrainError::RunExists {
+            path: out_dir.to_path_buf(),
+            what,
+        });
     }
     if checkpoints.is_empty() {
-        say(format!(
-            "no complete checkpoint in {}: starting a fresh run",
-            out_dir.display()
-        ));
+        // A run killed before its first checkpoint (it has its config.json) starts again; a
+        // folder of anything else is refused as for a fresh run, resume or not.
+        if !config_path.exists() {
+            refuse_foreign_files(out_dir, options)?;
+        }
+        if options.resume {
+            say(format!(
+                "no complete checkpoint in {}: starting a fresh run",
+                out_dir.display()
+            ));
+        }
         return Ok(fresh);
     }
     let new: serde_json::Value =

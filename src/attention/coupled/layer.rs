@@ -76,7 +76,7 @@ impl<B: Backend> CoupledQkAttention<B> {
     /// is longer than the rotary embedding's `max_seq_len`, or the kernel is
     /// [`Flash`](AttentionKernel::Flash) under an autodiff backend without the op registered.
     pub fn forward(&self, input: impl Into<AttentionInput<B>>) -> Tensor<B, 3> {
-        let (x, mask) = input.into().unpack(NAME, self.d_model(), self.n_heads);
+        let (x, mask) = input.into().unpack(NAME, self.d_model());
         let (q, k, v) = self.project(x, 0);
         let context = attend(q, k, v, mask, self.causal, &self.dropout, self.kernel);
         self.merge_heads(context)

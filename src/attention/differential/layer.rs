@@ -98,7 +98,7 @@ impl<B: Backend> DifferentialAttention<B> {
     /// If a shape differs from the above (the message names the expected shape), or the sequence
     /// is longer than the rotary embedding's `max_seq_len`.
     pub fn forward(&self, input: impl Into<AttentionInput<B>>) -> Tensor<B, 3> {
-        let (x, mask) = input.into().unpack(NAME, self.d_model(), 2 * self.n_heads);
+        let (x, mask) = input.into().unpack(NAME, self.d_model());
         let (q, k, v) = self.project(x, 0);
         self.attend(q, k, v, mask)
     }
@@ -171,7 +171,7 @@ impl<B: Backend> DifferentialAttention<B> {
     ///
     /// # Shapes
     /// - `q`: `[batch, 2·heads, s_q, d_map]`; `k`: `[batch, 2·heads, s_k, d_map]`;
-    ///   `v`: `[batch, heads, s_k, 2·d_map]`; `mask`: `[batch, 2·heads, s_q, s_k]`
+    ///   `v`: `[batch, heads, s_k, 2·d_map]`; `mask`: `[batch, 1, s_q or 1, s_k]` (every head's)
     /// - output: `[batch, s_q, d_model]`
     fn attend(
         &self,
@@ -202,19 +202,16 @@ impl<B: Backend> DifferentialAttention<B> {
                     q.reshape([batch, heads, 2, s_q, d_map]),
                     k.reshape([batch, heads, 2, s_k, d_map]),
                 );
-                let mask = mask.map(|m| m.reshape([batch, heads, 2, s_q, s_k]));
+                // The mask is shared by every head, so by both maps of a head.
                 let [c1, c2] = [0, 1].map(|i| {
                     let map = |t: &Tensor<B, 5>, s| {
                         t.clone().narrow(2, i, 1).reshape([batch, heads, s, d_map])
                     };
-                    let mask = mask
-                        .as_ref()
-                        .map(|m| m.clone().narrow(2, i, 1).reshape([batch, heads, s_q, s_k]));
                     attend(
                         map(&q, s_q),
                         map(&k, s_k),
                         v.clone(),
-                        mask,
+                        mask.clone(),
                         self.causal,
                         &self.dropout,
                         self.kernel,

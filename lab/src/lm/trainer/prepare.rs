@@ -190,6 +190,19 @@ impl<'a, B: FusedOps> Trainer<'a, B> {
             Some(checkpoints) => {
                 let (model, optimizer, state, dir) =
                     load_newest_good(out_dir, checkpoints, model, new_optimizer, device, &say)?;
+                if state.step > config.max_steps {
+                    return Err(TrainError::Config {
+                        field: "max_steps".into(),
+                        value: config.max_steps.to_string(),
+                        message: format!(
+                            "the run resumes from step {} ({}): give max_steps of at least {}, \
+                             or train into a new folder",
+                            state.step,
+                            dir.display(),
+                            state.step
+                        ),
+                    });
+                }
                 let changes = state.model_changes(&config.model);
                 if !changes.is_empty() && !options.allow_config_change {
                     return Err(TrainError::CheckpointMismatch {
@@ -232,8 +245,12 @@ impl<'a, B: FusedOps> Trainer<'a, B> {
             ),
         };
         let (log, dynamics) = if main {
-            run_config.changes = start.history;
+            run_config.changes = match resumed_step {
+                Some(step) => history_from(start.history, step),
+                None => Vec::new(),
+            };
             if let Some(step) = resumed_step {
+                mark_summary_unfinished(out_dir)?;
                 run_config
                     .changes
                     .extend(start.changes.into_iter().map(|c| RecordedChange {
@@ -317,6 +334,40 @@ impl<'a, B: FusedOps> Trainer<'a, B> {
     }
 }
 
+/// The change history of a run resumed from `step`: changes recorded at later steps (by a
+/// resume whose progress a fallback to an older checkpoint discarded) now apply from `step`,
+/// merged per field (the first old value, the last new one; dropped where they are equal).
+pub(super) fn history_from(history: Vec<RecordedChange>, step: usize) -> Vec<RecordedChange> {
+    let (mut kept, later): (Vec<_>, Vec<_>) = history.into_iter().partition(|c| c.step <= step);
+    let mut merged: Vec<RecordedChange> = Vec::new();
+    for change in later {
+        match merged.iter_mut().find(|m| m.field == change.field) {
+            Some(m) => m.new = change.new,
+            None => merged.push(RecordedChange { step, ..change }),
+        }
+    }
+    kept.extend(merged.into_iter().filter(|m| m.old != m.new));
+    kept
+}
+
+/// Marks a resumed run's `summary.json` (where a finished or stopped run left one) unfinished
+/// until the resume writes its own.
+fn mark_summary_unfinished(out_dir: &Path) -> Result<(), TrainError> {
+    let path = out_dir.join("summary.json");
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        return Ok(());
+    };
+    let Ok(mut summary) = serde_json::from_str::<serde_json::Value>(&text) else {
+        return Ok(());
+    };
+    if summary.get("finished") != Some(&serde_json::Value::Bool(true)) {
+        return Ok(());
+    }
+    summary["finished"] = false.into();
+    let json = serde_json::to_string_pretty(&summary).expect("a JSON value serialises");
+    atomic::write(&path, json.as_bytes()).map_err(|e| TrainError::io("write", &path, e))
+}
+
 /// The optimiser of every run, as `config` sets it: PyTorch's ε (Burn's default is 1e-5); no
 /// clipping here, `clip_global_norm` does it.
 pub(super) fn new_optimizer<B: FusedOps>(config: &TrainConfig) -> Adam<B> {
@@ -326,4 +377,39 @@ pub(super) fn new_optimizer<B: FusedOps>(config: &TrainConfig) -> Adam<B> {
         .with_epsilon(1e-8)
         .with_weight_decay(config.weight_decay as f32)
         .init::<B, Gpt<B>>()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::history_from;
+    use crate::lm::RecordedChange;
+
+    fn change(step: usize, field: &str, old: &str, new: &str) -> RecordedChange {
+        RecordedChange {
+            step,
+            field: field.into(),
+            old: old.into(),
+            new: new.into(),
+        }
+    }
+
+    #[test]
+    fn a_fallback_moves_the_changes_it_discarded_to_its_step() {
+        let history = vec![
+            change(100, "lr", "0.001", "0.0005"),
+            change(200, "max_steps", "400", "600"),
+            change(300, "lr", "0.0005", "0.0002"),
+            change(300, "max_steps", "600", "400"),
+        ];
+        // Resumed from step 100 after the checkpoints of 200 and 300 failed: the run's settings
+        // now (config.json's) apply from step 100, the round trip of max_steps is no change.
+        assert_eq!(
+            history_from(history.clone(), 150),
+            [
+                change(100, "lr", "0.001", "0.0005"),
+                change(150, "lr", "0.0005", "0.0002"),
+            ]
+        );
+        assert_eq!(history_from(history.clone(), 300), history);
+    }
 }

@@ -126,6 +126,22 @@ pub(super) fn agree_on_run(
     options: &RunOptions,
     group: &dyn ProcessGroup,
 ) -> Result<(), TrainError> {
+    // First how the ranks sum gradients, naming both choices: ranks that differ would issue
+    // different collectives in the first step.
+    let own = group.collective();
+    let mut rank0 = own.clone().into_bytes();
+    group.broadcast_bytes(&mut rank0)?;
+    let rank0 = String::from_utf8_lossy(&rank0).into_owned();
+    let mut differing = [f64::from(u8::from(rank0 != own))];
+    group.all_reduce_sum_f64(&mut differing)?;
+    if differing[0] > 0.0 {
+        return Err(TrainError::Group(format!(
+            "the ranks sum gradients differently: rank 0 with `--collective {rank0}`, {} of {} \
+             ranks with another (this rank: `{own}`); give every rank the same --collective",
+            differing[0],
+            group.world_size()
+        )));
+    }
     let what = format!(
         "{}\n{:?}",
         RunConfig::new(config, corpus).to_json(),
