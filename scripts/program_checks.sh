@@ -103,6 +103,16 @@ for value in '"false"' 0; do
     grep -q 'switch.toml: `retry_failed` = .*takes only a TOML boolean' "$OUT/switch.log" \
         || fail "retry_failed = $value:"$'\n'"$(cat "$OUT/switch.log")"
 done
+# The reproduction: `force = "false"` in a file used to overwrite a non-empty folder.
+mkdir -p "$OUT/kept"
+echo "mine" > "$OUT/kept/metrics.csv"
+printf 'program = "wikitext_60m"\nforce = "false"\n' > "$OUT/force.toml"
+if "${W[@]}" "$OUT/force.toml" --max-steps 2 --out "$OUT/kept" > "$OUT/force.log" 2>&1; then
+    fail "force = \"false\" was accepted"
+fi
+grep -q 'force.toml: `force` = "false": `--force` is an on/off flag' "$OUT/force.log" \
+    || fail "force = \"false\":"$'\n'"$(cat "$OUT/force.log")"
+[ "$(cat "$OUT/kept/metrics.csv")" = "mine" ] || fail "force = \"false\" overwrote metrics.csv"
 # A negative number reaches the flag's own check instead of becoming clap's advice on `-- -5`.
 printf 'program = "ablations"\nmax_steps = -5\n' > "$OUT/negative.toml"
 if "$BIN/ablations" "$OUT/negative.toml" --list-cells > "$OUT/negative.log" 2>&1; then

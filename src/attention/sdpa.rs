@@ -48,13 +48,32 @@ pub(crate) fn attend<B: Backend>(
             AttentionKernel::Flash => flash::<B>(&device)(q, k, v, mask, causal),
         };
     }
+    let [batch, heads, s_q, _] = q.dims();
+    let s_k = k.dims()[2];
+    let full = [batch, heads, s_q, s_k];
+    let mask = expand_mask(mask, full);
+    // Burn's `is_causal` leaves the alignment to the kernel: its fallback aligns at the bottom
+    // right, as this crate does, but cubek's flash kernel (which the autotuner may pick on CUDA
+    // or a real WGPU adapter) masks from the top left, which for a cached decode (`s_q < s_k`)
+    // would hide every key but the first. There the causal structure goes in as a mask.
+    let (mask, is_causal) = match causal && s_q < s_k {
+        true => {
+            let future = future_mask::<B>(s_q, s_k, &device)
+                .reshape([1, 1, s_q, s_k])
+                .expand(full);
+            let mask = match mask {
+                Some(mask) => mask.bool_or(future),
+                None => future,
+            };
+            (Some(mask), false)
+        }
+        false => (mask, causal),
+    };
     let options = AttentionModuleOptions {
         scale: None,
         softcap: None,
-        is_causal: causal,
+        is_causal,
     };
-    let [batch, heads, s_q, _] = q.dims();
-    let mask = expand_mask(mask, [batch, heads, s_q, k.dims()[2]]);
     attention(q, k, v, mask, None, options)
 }
 
@@ -193,6 +212,40 @@ mod tests {
                     got.into_data()
                         .assert_approx_eq::<f32>(&expected.into_data(), Tolerance::default());
                 }
+            }
+        }
+    }
+
+    /// Without autodiff `attend` calls Burn's op; a cached decode (`s_q < s_k`) and a mask
+    /// broadcast over heads (or queries) give what the explicit path gives, causality aligned at
+    /// the bottom right, whatever alignment the backend's kernel would choose for `is_causal`.
+    #[test]
+    fn the_attention_op_path_aligns_a_cached_decode_at_the_bottom_right() {
+        let device = Default::default();
+        let no_dropout = DropoutConfig::new(0.0).init();
+        for (s_q, s_k) in [(1, 6), (2, 6), (6, 6)] {
+            let random =
+                |s| Tensor::<TestBackend, 4>::random([2, 3, s, 8], Distribution::Default, &device);
+            let (q, k, v) = (random(s_q), random(s_k), random(s_k));
+            let bits: Vec<bool> = (0..2 * s_k).map(|i| i == 1 || i == s_k + 3).collect();
+            let padding = Tensor::<TestBackend, 4, Bool>::from_bool(
+                TensorData::new(bits, [2, 1, 1, s_k]),
+                &device,
+            );
+            for mask in [None, Some(padding)] {
+                let got = attend(
+                    q.clone(),
+                    k.clone(),
+                    v.clone(),
+                    mask.clone(),
+                    true,
+                    &no_dropout,
+                    AttentionKernel::Flash,
+                );
+                let expected =
+                    attend_explicit(q.clone(), k.clone(), v.clone(), mask, true, &no_dropout);
+                got.into_data()
+                    .assert_approx_eq::<f32>(&expected.into_data(), Tolerance::default());
             }
         }
     }
