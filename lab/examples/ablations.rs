@@ -69,6 +69,7 @@ fn main() {
 
 fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let variants = parse_variants(&args.variants, &args.steps)?;
+    args.budget.check(&variants)?;
     let corpus = args
         .budget
         .load(&args.corpus, args.data_dir.as_ref())

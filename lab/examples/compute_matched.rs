@@ -63,6 +63,8 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     if args.factor < 1 {
         return Err("--factor must be at least 1".into());
     }
+    args.budget
+        .check(&[args.coupled.clone(), args.baseline.clone()])?;
     let corpus = args
         .budget
         .load(&args.corpus, args.data_dir.as_ref())

@@ -73,6 +73,7 @@ fn kind(name: &str) -> &'static str {
 
 fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let variants = parse_variants(&args.variants, &[])?;
+    args.budget.check(&variants)?;
     let requested = args.corpora.clone().unwrap_or_else(default_corpora);
     let mut corpora = Vec::new();
     for name in &requested {

@@ -144,7 +144,7 @@ pub fn dispatch_devices_from<T: MultiDeviceTask>(
 }
 
 /// How a CPU backend's `count` devices run: the one CPU device, named `count` times, is `count`
-/// data-parallel worker threads sharing the cores (see common::lm's `sharded_gradients`).
+/// data-parallel worker threads sharing the cores (see `lm::sharded_gradients`).
 fn cpu_workers(count: usize) -> String {
     let threads = rayon::current_num_threads();
     match count {

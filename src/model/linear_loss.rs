@@ -84,7 +84,7 @@ fn check_targets<B: Backend>(targets: &Tensor<B, 1, Int>, vocab: usize) {
     let row = outside.int().argmax(0).into_scalar().elem::<i64>() as usize;
     let target = targets
         .clone()
-        .slice([row..row + 1])
+        .narrow(0, row, 1)
         .into_scalar()
         .elem::<i64>();
     panic!(

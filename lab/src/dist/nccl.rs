@@ -67,13 +67,16 @@ struct Communicator {
     checked: bool,
 }
 
-// The communicator is a pointer NCCL owns; it is used under the group's mutex only.
+// SAFETY: the communicator is a pointer NCCL owns; it is only used under the group's mutex, so
+// one thread at a time, and NCCL's communicators may be used from any thread.
 unsafe impl Send for Communicator {}
 
 impl Drop for Communicator {
     fn drop(&mut self) {
         // Nothing is in flight: every sum was waited for, and a failed one ended the process.
         let _ = self.context.bind_to_thread();
+        // SAFETY: `comm` came from a successful `comm_init_rank`, is destroyed once (here, as the
+        // communicator is dropped), and no operation on it is in flight.
         let _ = unsafe { result::comm_destroy(self.comm) };
     }
 }
@@ -131,12 +134,15 @@ impl NcclGroup {
             self.alone(format!("cannot use the CUDA context: {e:?}"));
         }
         let mut comm = MaybeUninit::uninit();
+        // SAFETY: `comm` is a valid place for NCCL to write the communicator; `id` is rank 0's
+        // id, sent to every rank, and `rank` is this rank's place in `world`.
         self.mpi
             .watched("NCCL's start", || unsafe {
                 result::comm_init_rank(comm.as_mut_ptr(), world, id, rank)
             })
             .map_err(|e| CollectiveError::Device(format!("cannot start NCCL: {e:?}")))?;
         Ok(State::Open(Communicator {
+            // SAFETY: `comm_init_rank` returned success, so it wrote the communicator.
             comm: unsafe { comm.assume_init() },
             context,
             stream,
@@ -155,6 +161,7 @@ impl NcclGroup {
         &self,
         index: usize,
     ) -> Result<(Arc<CudaContext>, Arc<CudaStream>, sys::ncclUniqueId), String> {
+        // SAFETY: only tries to load the library (dlopen); nothing of it is called.
         if !unsafe { sys::is_culib_present() } {
             return Err(format!(
                 "{} finds no NCCL library: cudarc opens `libnccl.so` (NCCL's development package) \
@@ -198,6 +205,9 @@ impl NcclGroup {
         };
         let pointer = address as *mut c_void;
         let summed = self.mpi.watched("the NCCL gradient all-reduce", || {
+            // SAFETY: `pointer` is the device address of `count` f32s that `resource` keeps
+            // allocated until after the wait below; the sum is in place (same send and receive
+            // buffer, which NCCL allows), on this communicator's own stream, in its context.
             unsafe {
                 result::all_reduce(
                     pointer,

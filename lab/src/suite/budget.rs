@@ -97,6 +97,19 @@ impl Budget {
         }
     }
 
+    /// Checks the config of every cell of `variants` (seed 0 stands for every seed) with the
+    /// tokenizer's vocabulary, before any corpus is loaded or downloaded: a flag that cannot work
+    /// is refused at once, not after the corpus.
+    ///
+    /// # Errors
+    /// The first config that [`TrainConfig::validate`] refuses.
+    pub fn check(&self, variants: &[AttentionVariant]) -> Result<(), TrainError> {
+        let vocab_size = self.tokenizer.build().vocab_size();
+        variants
+            .iter()
+            .try_for_each(|variant| self.train_config(vocab_size, variant, 0).validate())
+    }
+
     /// The training config of one cell.
     pub fn train_config(
         &self,
