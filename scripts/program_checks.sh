@@ -10,7 +10,7 @@ OUT="$(mktemp -d)"
 trap 'rm -rf "$OUT"' EXIT
 
 cargo build --features "$FEATURES" --example wikitext_60m --example generate --example ablations \
-    --example compute_matched --example corpus_sensitivity --example mqar
+    --example compute_matched --example corpus_sensitivity --example mqar --example train_step_bench
 BIN="${CARGO_TARGET_DIR:-target}/debug/examples"
 W=("$BIN/wikitext_60m" --backend flex --preset tiny --tokenizer bytes --corpus shakespeare
     --eval-every 2 --eval-windows 2 --cache-dir "$OUT/cache")
@@ -121,3 +121,13 @@ fi
 grep -q "invalid value '-5' for '--max-steps" "$OUT/negative.log" \
     || fail "max_steps = -5:"$'\n'"$(cat "$OUT/negative.log")"
 echo "program_checks: experiment files turn flags on only with true, and negative numbers are named"
+# The benchmark refuses what would give an empty table or a panic.
+for args in "--reps 0" "--only bogus" "--variants bogus"; do
+    # shellcheck disable=SC2086 # the words of each case
+    if "$BIN/train_step_bench" --backend flex $args > "$OUT/bench.log" 2>&1; then
+        fail "train_step_bench $args was accepted"
+    fi
+    grep -Eq "invalid value '0'|no configuration of this benchmark|no attention variant" \
+        "$OUT/bench.log" || fail "train_step_bench $args:"$'\n'"$(cat "$OUT/bench.log")"
+done
+echo "program_checks: train_step_bench refuses zero reps and unknown names"
