@@ -54,7 +54,9 @@ fn presets_have_the_documented_shapes() {
         );
     }
     assert_eq!("60m".parse::<Preset>().unwrap(), Preset::M60);
-    assert!("70m".parse::<Preset>().unwrap_err().contains("tiny"));
+    let err = "70m".parse::<Preset>().unwrap_err();
+    assert_eq!(err, coupled_qk::model::UnknownPreset("70m".into()));
+    assert!(err.to_string().contains("tiny"), "{err}");
 }
 
 fn tokens(values: &[i64], batch: usize) -> Tensor<B, 2, Int> {

@@ -103,8 +103,9 @@ fn train_advice(e: &TrainError) -> Option<String> {
 
 fn data_advice(e: &DataError) -> Option<String> {
     match e {
+        // The hint WikiText's loaders give (not a word searched in any hint).
         DataError::NotFound { hint, .. } | DataError::Download { hint, .. }
-            if hint.contains("WikiText") =>
+            if *hint == crate::data::wikitext_hint() =>
         {
             Some(
                 "offline: give the folder of WikiText's wiki.train.raw and wiki.valid.raw with \

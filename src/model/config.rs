@@ -51,17 +51,20 @@ pub enum Preset {
     M350,
 }
 
+/// A preset name that is not one of [`Preset`]'s.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown preset `{0}`: expected tiny, 60m, 150m or 350m")]
+pub struct UnknownPreset(pub String);
+
 impl FromStr for Preset {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownPreset;
+    fn from_str(s: &str) -> Result<Self, UnknownPreset> {
         match s {
             "tiny" => Ok(Self::Tiny),
             "60m" => Ok(Self::M60),
             "150m" => Ok(Self::M150),
             "350m" => Ok(Self::M350),
-            other => Err(format!(
-                "unknown preset `{other}`: expected tiny, 60m, 150m or 350m"
-            )),
+            other => Err(UnknownPreset(other.to_string())),
         }
     }
 }

@@ -11,7 +11,7 @@ mod variant;
 #[cfg(feature = "safetensors")]
 mod weights;
 
-pub use config::{GptConfig, NormKind, Positions, Preset};
+pub use config::{GptConfig, NormKind, Positions, Preset, UnknownPreset};
 #[cfg(feature = "autodiff")]
 pub use fused_loss::{FusedLoss, FusedOps, fused_linear_cross_entropy};
 pub use generate::SamplerConfig;

@@ -45,14 +45,19 @@ pub enum Collective {
     Mpi,
 }
 
+/// A collective name that is not one of [`Collective`]'s.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown collective `{0}`: auto, nccl or mpi")]
+pub struct UnknownCollective(pub String);
+
 impl std::str::FromStr for Collective {
-    type Err = String;
+    type Err = UnknownCollective;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "auto" => Ok(Self::Auto),
             "nccl" => Ok(Self::Nccl),
             "mpi" => Ok(Self::Mpi),
-            other => Err(format!("unknown collective `{other}`: auto, nccl or mpi")),
+            other => Err(UnknownCollective(other.to_string())),
         }
     }
 }
