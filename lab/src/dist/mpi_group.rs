@@ -111,8 +111,12 @@ fn abort_job_on_panic(name: String) {
             return;
         }
         eprintln!(
-            "error: {name} panicked: aborting the job (the run folder keeps its last checkpoint to resume from)"
+            "error: {name} panicked: aborting the job (the run folder keeps its last checkpoint \
+             to resume from)"
         );
+        // The launcher forwards each rank's output asynchronously, and an abort can cut off what
+        // it has not forwarded yet: a moment for the messages to leave first.
+        std::thread::sleep(Duration::from_millis(300));
         SimpleCommunicator::world().abort(4);
     }));
 }
