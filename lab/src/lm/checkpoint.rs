@@ -167,30 +167,40 @@ fn predates_manifests(format: u32, model: Option<&serde_json::Value>) -> bool {
 /// The folders a checkpoint write left that hold no checkpoint (`step-N.partial`, an interrupted
 /// write, and `step-N.superseded`, an older copy of a step written again).
 pub(super) fn interrupted_writes(out_dir: &Path) -> Result<Vec<PathBuf>, TrainError> {
+    let mut found: Vec<PathBuf> = checkpoint_entries(out_dir)?
+        .into_iter()
+        .filter(|(name, _)| {
+            [PARTIAL, SUPERSEDED].iter().any(|suffix| {
+                name.strip_prefix("step-")
+                    .and_then(|rest| rest.strip_suffix(suffix)?.strip_suffix('.'))
+                    .is_some_and(|digits| {
+                        !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())
+                    })
+            })
+        })
+        .map(|(_, path)| path)
+        .collect();
+    found.sort();
+    Ok(found)
+}
+
+/// The name and path of every entry of the run's `checkpoints/` (none when it does not exist).
+fn checkpoint_entries(out_dir: &Path) -> Result<Vec<(String, PathBuf)>, TrainError> {
     let root = checkpoints_dir(out_dir);
     let entries = match std::fs::read_dir(&root) {
         Ok(entries) => entries,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(TrainError::io("list", root, e)),
     };
-    let mut found = Vec::new();
-    for entry in entries {
-        let entry = entry.map_err(|e| TrainError::io("list", &root, e))?;
-        let name = entry.file_name();
-        let name = name.to_string_lossy();
-        let ours = [PARTIAL, SUPERSEDED].iter().any(|suffix| {
-            name.strip_prefix("step-")
-                .and_then(|rest| rest.strip_suffix(suffix)?.strip_suffix('.'))
-                .is_some_and(|digits| {
-                    !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())
-                })
-        });
-        if ours {
-            found.push(entry.path());
-        }
-    }
-    found.sort();
-    Ok(found)
+    entries
+        .map(|entry| {
+            let entry = entry.map_err(|e| TrainError::io("list", &root, e))?;
+            Ok((
+                entry.file_name().to_string_lossy().into_owned(),
+                entry.path(),
+            ))
+        })
+        .collect()
 }
 
 /// Renames the checkpoint folder `dir` aside to `step-N.rejected` (or `.rejected-2`, ...) with
@@ -223,25 +233,12 @@ pub(super) fn reject_checkpoint(dir: &Path, why: &str) -> Result<PathBuf, TrainE
     Ok(aside)
 }
 
-/// Every checkpoint folder of a run, complete or not, oldest first.
+/// Every checkpoint folder of a run (`step-N`), complete or not, oldest first.
 pub(super) fn all_checkpoint_dirs(out_dir: &Path) -> Result<Vec<(usize, PathBuf)>, TrainError> {
-    let root = checkpoints_dir(out_dir);
-    let entries = match std::fs::read_dir(&root) {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(TrainError::io("list", root, e)),
-    };
-    let mut found = Vec::new();
-    for entry in entries {
-        let entry = entry.map_err(|e| TrainError::io("list", &root, e))?;
-        let name = entry.file_name();
-        if let Some(step) = name
-            .to_str()
-            .and_then(|n| n.strip_prefix("step-")?.parse().ok())
-        {
-            found.push((step, entry.path()));
-        }
-    }
+    let mut found: Vec<(usize, PathBuf)> = checkpoint_entries(out_dir)?
+        .into_iter()
+        .filter_map(|(name, path)| Some((name.strip_prefix("step-")?.parse().ok()?, path)))
+        .collect();
     found.sort();
     Ok(found)
 }
