@@ -103,9 +103,10 @@ struct Shape {
     seq: usize,
 }
 
-fn shapes(args: &Args) -> Vec<Shape> {
+/// Every configuration the benchmark knows, 60m last.
+fn all_shapes() -> Vec<Shape> {
     let gpt = |vocab, d, layers, heads, context| GptConfig::new(vocab, d, layers, heads, context);
-    let mut shapes = vec![
+    vec![
         Shape {
             name: "tiny",
             model: Some(GptConfig::preset(Preset::Tiny, 256)),
@@ -136,31 +137,24 @@ fn shapes(args: &Args) -> Vec<Shape> {
             batch: 8,
             seq: 512,
         },
-    ];
-    let only_60m = args.only.iter().flatten().any(|o| o == "60m");
-    if args.with_60m || only_60m {
-        shapes.push(Shape {
+        Shape {
             name: "60m",
             model: Some(GptConfig::preset(Preset::M60, 50257)),
             batch: 8,
             seq: 512,
-        });
-    }
-    if let Some(only) = &args.only {
-        shapes.retain(|s| only.iter().any(|o| o == s.name));
+        },
+    ]
+}
+
+/// The configurations to run: those `--only` names, else all but 60m unless `--with-60m`.
+fn shapes(args: &Args) -> Vec<Shape> {
+    let mut shapes = all_shapes();
+    match &args.only {
+        Some(only) => shapes.retain(|s| only.iter().any(|o| o == s.name)),
+        None => shapes.retain(|s| args.with_60m || s.name != "60m"),
     }
     shapes
 }
-
-/// The configurations `--only` may name.
-const SHAPES: [&str; 6] = [
-    "tiny",
-    "torch-small",
-    "torch-medium",
-    "long",
-    "layer-60m",
-    "60m",
-];
 
 /// What is compared: a variant of the crate's attention, or burn-nn's layer (layer shape only).
 #[derive(Clone)]
@@ -483,15 +477,16 @@ fn main() {
         eprintln!("error: {message}");
         std::process::exit(2)
     };
+    let known: Vec<&str> = all_shapes().iter().map(|s| s.name).collect();
     if let Some(unknown) = args
         .only
         .iter()
         .flatten()
-        .find(|o| !SHAPES.contains(&o.as_str()))
+        .find(|o| !known.contains(&o.as_str()))
     {
         refuse(format!(
             "--only: `{unknown}` is no configuration of this benchmark (it has {})",
-            SHAPES.join(", ")
+            known.join(", ")
         ));
     }
     if let Err(message) = contenders(&args) {

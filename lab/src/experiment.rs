@@ -13,8 +13,9 @@
 //! Every key but `program` is a flag of that program with `_` for `-` (`max_steps` is
 //! `--max-steps`); arrays are comma lists; an on/off flag takes only `true` (given) or `false`
 //! (left out), never a string or number. A program that takes [`ExperimentArgs`] reads its file
-//! with [`parse_args`]: the file's flags first, then those of the command line, which override the file's (`ablations experiments/x.toml --seeds
-//! 6,7`). `--print-command` prints the command the file and the flags stand for and stops.
+//! with [`parse_args`]: the file's flags first, then those of the command line, which override
+//! the file's (`ablations experiments/x.toml --seeds 6,7`). `--print-command` prints the command
+//! the file and the flags stand for and stops.
 
 use clap::Parser;
 use clap::parser::ValueSource;

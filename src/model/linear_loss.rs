@@ -65,7 +65,10 @@ pub fn mask_ignored_targets<B: Backend>(
     let ignored = targets.clone().equal_elem(ignore_index);
     let kept = ignored.clone().bool_not().float();
     let weight = match weight {
-        Some(weight) => weight.clone() * kept.cast(FloatDType::from(weight.dtype())),
+        Some(weight) => {
+            let dtype = FloatDType::from(weight.dtype());
+            weight * kept.cast(dtype)
+        }
         None => kept,
     };
     (targets.mask_fill(ignored, 0), weight)

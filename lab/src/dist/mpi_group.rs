@@ -61,7 +61,7 @@ impl MpiGroup {
         let name = format!("rank {rank} of {size} ({host})");
         let can_abort = threading == mpi::Threading::Multiple;
         if size > 1 {
-            abort_job_on_panic(name.clone());
+            abort_job_on_panic(name.clone(), Arc::clone(&watch));
         }
         let watched = Arc::clone(&watch);
         std::thread::Builder::new()
@@ -102,12 +102,13 @@ impl MpiGroup {
 /// Makes a panic on this rank (an assertion, a device out of memory) end the whole job at once,
 /// after the panic's own message: unwinding would otherwise finalise MPI, a collective that waits
 /// for ranks still training, and those would wait in their next collective until the watchdog's
-/// timeout. Panics caught on purpose ([`super::catch_expected_panic`]) are left alone.
-fn abort_job_on_panic(name: String) {
+/// timeout. Panics caught on purpose ([`super::catch_expected_panic`]) are left alone, and so is
+/// every panic once the group is dropped (MPI is finalised then).
+fn abort_job_on_panic(name: String, watch: Arc<Watch>) {
     let previous = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
         previous(info);
-        if super::panic_is_expected() {
+        if super::panic_is_expected() || watch.stop.load(Ordering::Relaxed) {
             return;
         }
         eprintln!(

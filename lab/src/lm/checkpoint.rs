@@ -404,12 +404,15 @@ where
                 // aside: left in place, the newest of them would still count as the run's newest
                 // (and get a newer good checkpoint pruned in its favour). Older folders without
                 // the manifest they should have are set aside too, rather than pruned unseen.
-                let older_unmanifested = checkpoints
-                    .iter()
-                    .take_while(|(_, older)| older != dir)
-                    .filter(|(_, older)| !has_manifest_or_predates_them(older))
-                    .map(|(_, older)| (older.clone(), older.join(MANIFEST_FILE), Damage::Missing));
-                let rejected: Vec<_> = rejected.drain(..).chain(older_unmanifested).collect();
+                rejected.extend(
+                    checkpoints
+                        .iter()
+                        .take_while(|(_, older)| older != dir)
+                        .filter(|(_, older)| !has_manifest_or_predates_them(older))
+                        .map(|(_, older)| {
+                            (older.clone(), older.join(MANIFEST_FILE), Damage::Missing)
+                        }),
+                );
                 for (checkpoint, path, damage) in &rejected {
                     let why = format!("its file {} is {damage}", path.display());
                     let aside = reject_checkpoint(checkpoint, &why)?;
@@ -432,11 +435,7 @@ where
                 return Ok((model, optimizer, state, dir.clone()));
             }
             Err(TrainError::CheckpointCorrupt { path, damage }) => {
-                say(format!(
-                    "note: checkpoint file {} is {damage}: skipping the checkpoint {}",
-                    path.display(),
-                    dir.display()
-                ));
+                say(skipping(&path, &damage, dir));
                 rejected.push((dir.clone(), path, damage));
             }
             Err(e) => return Err(e),
@@ -449,6 +448,15 @@ where
             .map(|(_, path, damage)| (path, damage))
             .collect(),
     })
+}
+
+/// The note for a damaged checkpoint that a load skips.
+fn skipping(path: &Path, damage: &Damage, dir: &Path) -> String {
+    format!(
+        "note: checkpoint file {} is {damage}: skipping the checkpoint {}",
+        path.display(),
+        dir.display()
+    )
 }
 
 /// The message of a checkpoint read without a manifest, for the programs to print.
@@ -590,16 +598,13 @@ pub fn load_trained<B: burn::tensor::backend::Backend>(
             let state = read_state(&mut folder, &dir)?;
             let model_bytes = folder.read(MODEL)?;
             let verification = folder.check_rest()?;
-            Ok::<_, TrainError>((state, model_bytes, verification))
+            let record = decode::<B, _>(model_bytes, &dir, MODEL, device)?;
+            Ok::<_, TrainError>((state, record, verification))
         })();
-        let (state, model_bytes, verification) = match read {
+        let (state, record, verification) = match read {
             Ok(read) => read,
             Err(TrainError::CheckpointCorrupt { path, damage }) => {
-                eprintln!(
-                    "note: checkpoint file {} is {damage}: skipping the checkpoint {}",
-                    path.display(),
-                    dir.display()
-                );
+                eprintln!("{}", skipping(&path, &damage, &dir));
                 rejected.push((path, damage));
                 continue;
             }
@@ -617,19 +622,6 @@ pub fn load_trained<B: burn::tensor::backend::Backend>(
             });
         }
         let model: Gpt<B> = config.train.model.try_init(device)?;
-        let record = match decode::<B, _>(model_bytes, &dir, MODEL, device) {
-            Ok(record) => record,
-            Err(TrainError::CheckpointCorrupt { path, damage }) => {
-                eprintln!(
-                    "note: checkpoint file {} is {damage}: skipping the checkpoint {}",
-                    path.display(),
-                    dir.display()
-                );
-                rejected.push((path, damage));
-                continue;
-            }
-            Err(e) => return Err(e),
-        };
         let model = fit_record(model, record, &dir.join(MODEL))?;
         if !rejected.is_empty() {
             eprintln!(

@@ -66,7 +66,8 @@ impl<B: FusedOps> Trainer<'_, B> {
         if self.group.world_size() == 1 {
             return Ok(());
         }
-        let differing = ranks_differing(self.group, weights_digest(&self.model().valid()))?;
+        let digest = weights_digest(&self.model().valid()).to_le_bytes();
+        let (_, differing) = compare_with_rank0(self.group, &digest)?;
         if differing > 0 {
             return Err(TrainError::Group(format!(
                 "at step {}, {} of {} ranks hold other weights than rank 0: their MPI library \
@@ -129,16 +130,12 @@ pub(super) fn agree_on_run(
     // First how the ranks sum gradients, naming both choices: ranks that differ would issue
     // different collectives in the first step.
     let own = group.collective();
-    let mut rank0 = own.clone().into_bytes();
-    group.broadcast_bytes(&mut rank0)?;
-    let rank0 = String::from_utf8_lossy(&rank0).into_owned();
-    let mut differing = [f64::from(u8::from(rank0 != own))];
-    group.all_reduce_sum_f64(&mut differing)?;
-    if differing[0] > 0.0 {
+    let (rank0, differing) = compare_with_rank0(group, own.as_bytes())?;
+    if differing > 0 {
         return Err(TrainError::Group(format!(
-            "the ranks sum gradients differently: rank 0 with `--collective {rank0}`, {} of {} \
-             ranks with another (this rank: `{own}`); give every rank the same --collective",
-            differing[0],
+            "the ranks sum gradients differently: rank 0 with `--collective {}`, {differing} of \
+             {} ranks with another (this rank: `{own}`); give every rank the same --collective",
+            String::from_utf8_lossy(&rank0),
             group.world_size()
         )));
     }
@@ -153,7 +150,8 @@ pub(super) fn agree_on_run(
             options.force
         )
     );
-    let differing = ranks_differing(group, twox_hash::XxHash64::oneshot(0, what.as_bytes()))?;
+    let digest = twox_hash::XxHash64::oneshot(0, what.as_bytes()).to_le_bytes();
+    let (_, differing) = compare_with_rank0(group, &digest)?;
     if differing > 0 {
         return Err(TrainError::Group(format!(
             "{} of {} ranks run another config, corpus or options than rank 0: give every rank \
@@ -165,12 +163,14 @@ pub(super) fn agree_on_run(
     Ok(())
 }
 
-/// How many ranks hold another `digest` than rank 0's (the same count on every rank).
-fn ranks_differing(group: &dyn ProcessGroup, digest: u64) -> Result<usize, TrainError> {
-    let digest = digest.to_le_bytes();
-    let mut rank0 = digest.to_vec();
+/// Rank 0's `own`, and how many ranks hold another (the same count on every rank).
+fn compare_with_rank0(
+    group: &dyn ProcessGroup,
+    own: &[u8],
+) -> Result<(Vec<u8>, usize), TrainError> {
+    let mut rank0 = own.to_vec();
     group.broadcast_bytes(&mut rank0)?;
-    let mut differing = [f64::from(u8::from(rank0 != digest))];
+    let mut differing = [f64::from(u8::from(rank0 != own))];
     group.all_reduce_sum_f64(&mut differing)?;
-    Ok(differing[0] as usize)
+    Ok((rank0, differing[0] as usize))
 }
