@@ -40,6 +40,8 @@ pub mod attention;
 pub mod coupling;
 pub mod dynamics;
 pub mod error;
+#[cfg(feature = "autodiff")]
+mod host_math;
 pub mod integrator;
 pub mod model;
 

@@ -11,6 +11,7 @@
 //! compare it with.
 
 use super::blockwise::{Blockwise, BlockwiseGrads};
+use crate::host_math::{Mat, exp, gemm};
 use burn::tensor::{DType, Tensor, TensorData, backend::Backend};
 use rayon::prelude::*;
 
@@ -412,113 +413,6 @@ fn backward_host(
     grads
 }
 
-/// A matrix read from a slice with a row and a column stride.
-#[derive(Clone, Copy)]
-struct Mat<'a> {
-    data: &'a [f32],
-    row_stride: usize,
-    col_stride: usize,
-}
-
-impl<'a> Mat<'a> {
-    /// Row-major with `cols` columns.
-    fn rows(data: &'a [f32], cols: usize) -> Self {
-        Mat {
-            data,
-            row_stride: cols,
-            col_stride: 1,
-        }
-    }
-
-    /// The transpose of a row-major matrix with `cols` columns.
-    fn transposed(data: &'a [f32], cols: usize) -> Self {
-        Mat {
-            data,
-            row_stride: 1,
-            col_stride: cols,
-        }
-    }
-
-    /// Whether a `rows × cols` matrix fits in the slice (false where its last element's offset
-    /// does not fit a `usize`, which release builds would otherwise wrap).
-    fn holds(&self, rows: usize, cols: usize) -> bool {
-        rows == 0
-            || cols == 0
-            || last_offset(rows, cols, self.row_stride, self.col_stride)
-                .is_some_and(|last| last < self.data.len())
-    }
-}
-
-/// The offset of the last element of a non-empty `rows × cols` matrix with these strides, or
-/// `None` where it overflows.
-fn last_offset(rows: usize, cols: usize, row_stride: usize, col_stride: usize) -> Option<usize> {
-    (rows - 1)
-        .checked_mul(row_stride)?
-        .checked_add((cols - 1).checked_mul(col_stride)?)
-}
-
-/// `dst = alpha·dst + beta·(a·b)` over `[m, n, k]` (`a`: `m × k`, `b`: `k × n`), `dst` row-major
-/// with row stride `dst_stride`; `alpha` is 1 if `accumulate`, else `dst` is overwritten.
-///
-/// # Panics
-/// If a matrix does not fit in its slice.
-fn gemm(
-    dst: &mut [f32],
-    dst_stride: usize,
-    accumulate: bool,
-    a: Mat<'_>,
-    b: Mat<'_>,
-    [m, n, k]: [usize; 3],
-    beta: f32,
-) {
-    // Rows of dst must not overlap (a stride below n would make gemm write one element twice).
-    assert!(
-        m <= 1 || dst_stride >= n,
-        "gemm: dst's row stride {dst_stride} is below its {n} columns"
-    );
-    let fits =
-        m == 0 || n == 0 || last_offset(m, n, dst_stride, 1).is_some_and(|last| last < dst.len());
-    assert!(
-        fits && a.holds(m, k) && b.holds(k, n),
-        "gemm: a [{m}, {k}] · b [{k}, {n}] does not fit its slices"
-    );
-    if m == 0 || n == 0 {
-        return;
-    }
-    if k == 0 {
-        if !accumulate {
-            (0..m).for_each(|r| dst[r * dst_stride..][..n].fill(0.0));
-        }
-        return;
-    }
-    // SAFETY: the asserts above keep every element gemm reads or writes inside its slice: rows
-    // `0..m` and columns `0..n` of dst, `0..m × 0..k` of a, `0..k × 0..n` of b, each at
-    // `row·row_stride + col·col_stride`; dst is borrowed mutably, so no other matrix aliases it.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst.as_mut_ptr(),
-            1,
-            dst_stride as isize,
-            accumulate,
-            a.data.as_ptr(),
-            a.col_stride as isize,
-            a.row_stride as isize,
-            b.data.as_ptr(),
-            b.col_stride as isize,
-            b.row_stride as isize,
-            1.0,
-            beta,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        );
-    }
-}
-
 /// What a block's rows do with the log-normalisers: the forward pass writes them, the backward
 /// pass reads the forward pass's.
 enum Lse<'a> {
@@ -616,46 +510,6 @@ fn exp_shifted<S: pulp::Simd>(simd: S, row: &mut [f32], shift: f32) -> f32 {
         tail_sum += *x;
     }
     simd.reduce_sum_f32s(sum) + tail_sum
-}
-
-/// `eˣ` lane by lane, within 2 ulp: Cody–Waite reduction `x = n·ln 2 + r` and a degree-6
-/// polynomial for `eʳ` (Cephes' `expf` coefficients), `2ⁿ` built in the exponent bits. `−∞` and
-/// anything below `ln` of the smallest normal float give 0; NaN stays NaN; above `ln f32::MAX` it
-/// saturates near `f32::MAX`, not at `∞` (the kernel's arguments are scores less their row's
-/// maximum or log-normaliser: at most a rounding above 0).
-#[inline(always)]
-fn exp<S: pulp::Simd>(simd: S, x: S::f32s) -> S::f32s {
-    const LOWEST: f32 = -87.33; // just above ln(f32::MIN_POSITIVE)
-    const HIGHEST: f32 = 88.37; // just below ln(f32::MAX)
-    // 1.5·2²³: adding it rounds to an integer n, which the sum holds in its low mantissa bits.
-    const ROUND: f32 = 12_582_912.0;
-    let splat = |c: f32| simd.splat_f32s(c);
-    let clamped = simd.min_f32s(simd.max_f32s(x, splat(LOWEST)), splat(HIGHEST));
-    let rounded = simd.mul_add_f32s(clamped, splat(std::f32::consts::LOG2_E), splat(ROUND));
-    let n = simd.sub_f32s(rounded, splat(ROUND));
-    let r = simd.mul_add_f32s(n, splat(-0.693_359_4), clamped);
-    let r = simd.mul_add_f32s(n, splat(2.121_944_4e-4), r);
-    let mut p = splat(1.987_569_1e-4);
-    for c in [
-        1.398_2e-3,
-        8.333_452e-3,
-        4.166_579_6e-2,
-        1.666_666_5e-1,
-        0.5,
-    ] {
-        p = simd.mul_add_f32s(p, r, splat(c));
-    }
-    let p = simd.mul_add_f32s(simd.mul_f32s(p, r), r, simd.add_f32s(r, splat(1.0)));
-    // `rounded`'s bits are 0x4B40_0000 + n for n in −126..=127; 2ⁿ's are (n + 127)·2²³.
-    let exponent = simd.sub_u32s(
-        simd.transmute_u32s_f32s(rounded),
-        simd.splat_u32s(0x4B40_0000 - 127),
-    );
-    let two_n = simd.transmute_f32s_u32s(simd.mul_u32s(exponent, simd.splat_u32s(1 << 23)));
-    let y = simd.mul_f32s(p, two_n);
-    let y = simd.select_f32s(simd.less_than_f32s(x, splat(LOWEST)), splat(0.0), y);
-    // NaN is the one value unequal to itself.
-    simd.select_f32s(simd.equal_f32s(x, x), y, x)
 }
 
 /// Asserts that `got` equals `expected` within 1e-5 of `expected`'s largest value (at least 1):
@@ -818,24 +672,6 @@ mod tests {
         }
     }
 
-    /// The vectorised exponential is within 2 ulp of the standard library's over the range the
-    /// kernel feeds it, and exact at its edges.
-    #[test]
-    fn exp_matches_the_standard_library() {
-        let mut worst = 0.0f64;
-        let exp = |x: f32| exp(pulp::Scalar::new(), x);
-        for i in 0..=200_000 {
-            let x = -87.0 + 97.0 * i as f32 / 200_000.0;
-            let (got, expected) = (exp(x) as f64, (x as f64).exp());
-            worst = worst.max(((got - expected) / expected).abs());
-        }
-        assert!(worst < 2.5e-7, "largest relative error {worst}");
-        assert_eq!(exp(f32::NEG_INFINITY), 0.0);
-        assert_eq!(exp(-100.0), 0.0);
-        assert_eq!(exp(0.0), 1.0);
-        assert!(exp(f32::NAN).is_nan());
-    }
-
     /// `exp_shifted` exponentiates every element with the machine's vectors, the remainder past
     /// the last full vector too, and returns their sum.
     #[test]
@@ -858,51 +694,5 @@ mod tests {
         }
         let expected: f32 = (0..19).map(|i| (i as f32 * 0.25 - 1.0).exp()).sum();
         assert!((sum - expected).abs() <= 1e-5 * expected);
-    }
-
-    /// The product's bounds are checked without wrapping, and a destination whose rows overlap
-    /// is refused rather than written twice.
-    #[test]
-    fn gemm_refuses_what_does_not_fit() {
-        let a = [1.0f32; 4];
-        let b = [1.0f32; 4];
-        let mut dst = [0.0f32; 8];
-        gemm(
-            &mut dst,
-            2,
-            false,
-            Mat::rows(&a, 2),
-            Mat::rows(&b, 2),
-            [2, 2, 2],
-            1.0,
-        );
-        assert_eq!(&dst[..4], [2.0; 4]);
-        assert_eq!(last_offset(usize::MAX, 2, 2, 1), None);
-        assert_eq!(last_offset(3, 4, 10, 1), Some(23));
-        // A stride so large that the last offset wraps to a small number in release builds.
-        let huge = Mat {
-            data: &a,
-            row_stride: usize::MAX / 2 + 1,
-            col_stride: 1,
-        };
-        assert!(!huge.holds(3, 1));
-        let overlapping = std::panic::catch_unwind(|| {
-            let mut dst = [0.0f32; 8];
-            gemm(
-                &mut dst,
-                1,
-                false,
-                Mat::rows(&a, 2),
-                Mat::rows(&b, 2),
-                [2, 2, 2],
-                1.0,
-            );
-        });
-        let message = overlapping.unwrap_err();
-        let message = message.downcast_ref::<String>().unwrap();
-        assert!(
-            message.contains("row stride 1 is below its 2 columns"),
-            "{message}"
-        );
     }
 }

@@ -116,7 +116,30 @@ impl<B: Backend> AffineCoupling<B> {
     ///
     /// # Panics
     /// If `d_head` is not the nets', or the nets are per head and `heads` differs.
-    pub fn forward(&self, q: Tensor<B, 4>, k: Tensor<B, 4>) -> (Tensor<B, 4>, Tensor<B, 4>) {
+    pub fn forward(
+        &self,
+        mut q: Tensor<B, 4>,
+        mut k: Tensor<B, 4>,
+    ) -> (Tensor<B, 4>, Tensor<B, 4>) {
+        for layer in &self.layers {
+            #[cfg(feature = "autodiff")]
+            if let Some(out) = super::fused::affine_layer(self, layer, &q, &k) {
+                (q, k) = out;
+                continue;
+            }
+            let (q1, k1, _) = self.layer(layer, q, k);
+            (q, k) = (q1, k1);
+        }
+        (q, k)
+    }
+
+    /// [`forward`](Self::forward) as Burn tensor ops on every backend: the reference the fused
+    /// op of host backends (Flex, NdArray) is tested against.
+    pub fn forward_with_tensor_ops(
+        &self,
+        q: Tensor<B, 4>,
+        k: Tensor<B, 4>,
+    ) -> (Tensor<B, 4>, Tensor<B, 4>) {
         let (q, k, _) = self.run(q, k, false);
         (q, k)
     }
@@ -152,19 +175,31 @@ impl<B: Backend> AffineCoupling<B> {
         let mut log_det =
             with_log_det.then(|| q.clone().zeros_like().sum_dim(3).squeeze_dim::<3>(3));
         for layer in &self.layers {
-            // The coupling moves each of k, q by nets of the other; the control by nets of itself.
-            let by = if self.coupled { q.clone() } else { k.clone() };
-            let s1 = self.log_scale(&layer.key_scale, by.clone());
-            k = k * s1.clone().exp() + layer.key_shift.forward(by);
-            let by = if self.coupled { k.clone() } else { q.clone() };
-            let s2 = self.log_scale(&layer.query_scale, by.clone());
-            q = q * s2.clone().exp() + layer.query_shift.forward(by);
+            let (q1, k1, [s1, s2]) = self.layer(layer, q, k);
+            (q, k) = (q1, k1);
             if let Some(total) = log_det.take() {
                 let sum = |s: Tensor<B, 4>| s.sum_dim(3).squeeze_dim::<3>(3);
                 log_det = Some(total + sum(s1) + sum(s2));
             }
         }
         (q, k, log_det)
+    }
+
+    /// One layer as tensor ops: the new `(q, k)` and the log-scales `[s₁, s₂]`.
+    fn layer(
+        &self,
+        layer: &AffineLayer<B>,
+        q: Tensor<B, 4>,
+        k: Tensor<B, 4>,
+    ) -> (Tensor<B, 4>, Tensor<B, 4>, [Tensor<B, 4>; 2]) {
+        // The coupling moves each of k, q by nets of the other; the control by nets of itself.
+        let by = if self.coupled { q.clone() } else { k.clone() };
+        let s1 = self.log_scale(&layer.key_scale, by.clone());
+        let k = k * s1.clone().exp() + layer.key_shift.forward(by);
+        let by = if self.coupled { k.clone() } else { q.clone() };
+        let s2 = self.log_scale(&layer.query_scale, by.clone());
+        let q = q * s2.clone().exp() + layer.query_shift.forward(by);
+        (q, k, [s1, s2])
     }
 
     /// The exact inverse of [`forward`](Self::forward): the layers undone in reverse order.

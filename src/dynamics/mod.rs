@@ -3,6 +3,8 @@
 
 mod affine;
 mod config;
+#[cfg(feature = "autodiff")]
+mod fused;
 
 pub use affine::{AffineCoupling, AffineLayer, SCALE_BOUND};
 pub use config::{DynamicsConfig, MAX_COUNT};
@@ -47,6 +49,21 @@ pub struct CoupledDynamics<B: Backend> {
     pub integrator: Arc<dyn Integrator>,
     /// Steps per forward pass.
     pub steps: usize,
+}
+
+/// Whether the dynamics of layers on backend `B` run as fused ops: the coupled dynamics (any
+/// integrator, any number of steps) and the affine coupling, for `f32` tensors, on Flex and
+/// NdArray with or without `Autodiff` (needs the `autodiff` feature). Elsewhere they run as
+/// Burn tensor ops; the two compute the same values and gradients within float rounding.
+pub fn runs_fused<B: Backend>() -> bool {
+    #[cfg(feature = "autodiff")]
+    {
+        fused::runs_fused::<B>()
+    }
+    #[cfg(not(feature = "autodiff"))]
+    {
+        false
+    }
 }
 
 impl<B: Backend> QkDynamics<B> {
@@ -138,9 +155,20 @@ impl<B: Backend> CoupledDynamics<B> {
     }
 
     /// Integrates `steps` steps; see [`QkDynamics::forward`] for shapes and panics.
+    ///
+    /// On Flex and NdArray (see [`runs_fused`]) with `f32` tensors, the integration runs as one
+    /// fused op; elsewhere as [`forward_with_tensor_ops`](Self::forward_with_tensor_ops).
     pub fn forward(&self, q: Tensor<B, 4>, k: Tensor<B, 4>) -> (Tensor<B, 4>, Tensor<B, 4>) {
-        let (f, dt) = (&self.coupling, &self.step_size);
-        let [n_dt] = dt.dt.dims();
+        self.check_heads(&q);
+        #[cfg(feature = "autodiff")]
+        if let Some(out) = fused::coupled(self, &q, &k) {
+            return out;
+        }
+        self.forward_with_tensor_ops(q, k)
+    }
+
+    fn check_heads(&self, q: &Tensor<B, 4>) {
+        let [n_dt] = self.step_size.dt.dims();
         let heads = q.dims()[2];
         assert!(
             n_dt == 1 || n_dt == heads,
@@ -148,6 +176,18 @@ impl<B: Backend> CoupledDynamics<B> {
              heads ([batch, seq, heads, d_head] = {:?})",
             q.dims()
         );
+    }
+
+    /// [`forward`](Self::forward) as Burn tensor ops on every backend, through the
+    /// [`PhaseSpace`](crate::integrator::PhaseSpace) of tensors: the reference the fused op of
+    /// host backends is tested against.
+    pub fn forward_with_tensor_ops(
+        &self,
+        q: Tensor<B, 4>,
+        k: Tensor<B, 4>,
+    ) -> (Tensor<B, 4>, Tensor<B, 4>) {
+        self.check_heads(&q);
+        let (f, dt) = (&self.coupling, &self.step_size);
         let integrator = self.integrator.as_ref();
         let out = if self.folds_dt() {
             // dt folds into the net's output layer: one step size for all heads, or one per head
