@@ -1,204 +1,165 @@
-//! One layer of the affine coupling on host slices,
+//! One move of the affine coupling on host slices,
 //!
 //! ```text
-//! k ← k ⊙ exp(s₁(a)) + t₁(a)        then        q ← q ⊙ exp(s₂(b)) + t₂(b)
+//! y = x ⊙ exp(s(a)) + t(a),        s = B·tanh(raw/B)
 //! ```
 //!
-//! with `a = q`, `b` the new `k` (coupled) or `a = k`, `b = q` (the uncoupled control), and
-//! `s = B·tanh(raw/B)`. Chunks of tokens run in parallel; the backward pass recomputes a chunk's
-//! nets and scales.
+//! with `raw` and `t` two coupling nets of `a`. An affine layer is two moves: `k` moved by nets
+//! of `q`, then `q` by nets of the new `k` (the uncoupled control: each by nets of itself, `a =
+//! x`). Each move has one output, so each is one op. Chunks of tokens run in parallel; the
+//! backward pass recomputes a chunk's nets and scales.
 
 use super::net::{self, Layout, NetGrads, NetWeights, Scratch};
 use crate::host_math::exp_in_place;
 use rayon::prelude::*;
 
 /// Rows (tokens × heads) per chunk.
-const CHUNK_ROWS: usize = 256;
+const CHUNK_ROWS: usize = 512;
 
-/// One affine layer of nets on host slices.
-pub(crate) struct Affine<'a> {
+/// One affine move of nets on host slices.
+pub(crate) struct AffineMove<'a> {
     pub(crate) layout: Layout,
-    /// `s₁`, `t₁`, `s₂`, `t₂`.
-    pub(crate) nets: [NetWeights<'a>; 4],
+    /// The log-scale net `s` (before the bound) and the shift net `t`.
+    pub(crate) nets: [NetWeights<'a>; 2],
     pub(crate) bound: f32,
-    pub(crate) coupled: bool,
 }
 
-/// The gradients of the inputs and of the four nets (in the order of [`Affine::nets`]).
-pub(crate) struct AffineGrads {
-    pub(crate) q: Vec<f32>,
-    pub(crate) k: Vec<f32>,
-    pub(crate) nets: [NetGrads; 4],
+/// The gradients of a move's inputs `x` and `a`, and of its two nets.
+pub(crate) struct AffineMoveGrads {
+    pub(crate) x: Vec<f32>,
+    pub(crate) by: Vec<f32>,
+    pub(crate) nets: [NetGrads; 2],
 }
 
-/// A move's bounded log-scale `s`, its `exp(s)` and its shift `t` for a chunk's rows.
-struct Move {
-    log_scale: Vec<f32>,
-    scale: Vec<f32>,
-    shift: Vec<f32>,
-}
-
-impl Affine<'_> {
+impl AffineMove<'_> {
     fn chunk_len(&self) -> usize {
         CHUNK_ROWS.div_ceil(self.layout.heads).max(1) * self.layout.heads * self.layout.d
     }
 
-    /// `s`, `exp(s)` and `t` of the nets `scale_net`, `scale_net + 1` at `by`.
-    fn moves(&self, scale_net: usize, by: &[f32], scratch: &mut Scratch) -> Move {
+    /// The bounded log-scale `s` at a chunk's `by`, written into `log_scale`, and with `shift`
+    /// the shift `t`.
+    fn nets(
+        &self,
+        by: &[f32],
+        log_scale: &mut [f32],
+        mut shift: Option<&mut [f32]>,
+        scratch: &mut Scratch,
+    ) {
         let tokens = by.len() / (self.layout.heads * self.layout.d);
-        let mut log_scale = vec![0.0; by.len()];
-        let mut shift = vec![0.0; by.len()];
         for group in self.layout.groups(tokens) {
-            let (s, t) = (&self.nets[scale_net], &self.nets[scale_net + 1]);
-            net::forward(s, &self.layout, &group, by, &mut log_scale, scratch);
-            net::forward(t, &self.layout, &group, by, &mut shift, scratch);
+            let [s, t] = &self.nets;
+            net::forward(s, &self.layout, &group, by, log_scale, scratch);
+            if let Some(shift) = shift.as_deref_mut() {
+                net::forward(t, &self.layout, &group, by, shift, scratch);
+            }
         }
         // s = B·tanh(raw/B) = B·(1 − 2/(exp(2·raw/B) + 1)).
         let b = self.bound;
         log_scale.iter_mut().for_each(|x| *x *= 2.0 / b);
-        exp_in_place(&mut log_scale);
+        exp_in_place(log_scale);
         log_scale
             .iter_mut()
             .for_each(|x| *x = b * (1.0 - 2.0 / (*x + 1.0)));
-        let mut scale = log_scale.clone();
-        exp_in_place(&mut scale);
-        Move {
-            log_scale,
-            scale,
-            shift,
-        }
     }
 
-    /// `x ← x ⊙ exp(s) + t`.
-    fn apply(x: &mut [f32], m: &Move) {
-        for ((x, e), t) in x.iter_mut().zip(&m.scale).zip(&m.shift) {
-            *x = *x * e + t;
-        }
-    }
-
-    /// The transformed `(q, k)` of `[tokens, heads, d]` inputs.
-    pub(crate) fn forward(&self, q: &[f32], k: &[f32]) -> (Vec<f32>, Vec<f32>) {
-        let (mut q, mut k) = (q.to_vec(), k.to_vec());
+    /// `y` of `[tokens, heads, d]` inputs `x` and `by`.
+    pub(crate) fn forward(&self, x: &[f32], by: &[f32]) -> Vec<f32> {
+        let mut y = vec![0.0; x.len()];
         let chunk = self.chunk_len();
-        q.par_chunks_mut(chunk)
-            .zip(k.par_chunks_mut(chunk))
-            .for_each(|(q, k)| {
+        y.par_chunks_mut(chunk)
+            .zip(x.par_chunks(chunk).zip(by.par_chunks(chunk)))
+            .for_each(|(y, (x, by))| {
                 let mut scratch = Scratch::default();
-                let keys = self.moves(0, if self.coupled { q } else { k }, &mut scratch);
-                Self::apply(k, &keys);
-                let queries = self.moves(2, if self.coupled { k } else { q }, &mut scratch);
-                Self::apply(q, &queries);
+                let mut scale = vec![0.0; y.len()];
+                self.nets(by, &mut scale, Some(y), &mut scratch);
+                exp_in_place(&mut scale);
+                // y holds t: y = x·exp(s) + t.
+                for ((y, x), e) in y.iter_mut().zip(x).zip(&scale) {
+                    *y += x * e;
+                }
             });
-        (q, k)
+        y
     }
 
-    /// The gradients of the inputs and nets, given those of the outputs.
-    pub(crate) fn backward(
-        &self,
-        q: &[f32],
-        k: &[f32],
-        grad_q: &[f32],
-        grad_k: &[f32],
-    ) -> AffineGrads {
+    /// The gradients of the inputs and nets, given that of `y`.
+    pub(crate) fn backward(&self, x: &[f32], by: &[f32], grad_y: &[f32]) -> AffineMoveGrads {
         let chunk = self.chunk_len();
-        let (mut gq, mut gk) = (grad_q.to_vec(), grad_k.to_vec());
-        let zeros = || std::array::from_fn(|_| NetGrads::zeros(&self.layout));
-        let nets = gq
+        let mut grad_x = vec![0.0; x.len()];
+        let mut grad_by = vec![0.0; x.len()];
+        let zeros = || [NetGrads::zeros(&self.layout), NetGrads::zeros(&self.layout)];
+        let nets = grad_x
             .par_chunks_mut(chunk)
-            .zip(gk.par_chunks_mut(chunk))
-            .zip(q.par_chunks(chunk).zip(k.par_chunks(chunk)))
-            .map(|((gq, gk), (q, k))| self.backward_chunk(q, k, gq, gk))
-            .reduce(zeros, |mut nets: [NetGrads; 4], other| {
-                nets.iter_mut().zip(&other).for_each(|(a, b)| a.add(b));
-                nets
+            .zip(grad_by.par_chunks_mut(chunk))
+            .zip(x.par_chunks(chunk).zip(by.par_chunks(chunk)))
+            .zip(grad_y.par_chunks(chunk))
+            .map(|(((gx, gby), (x, by)), gy)| self.backward_chunk(x, by, gy, gx, gby))
+            .reduce(zeros, |[mut s, mut t], [other_s, other_t]| {
+                s.add(&other_s);
+                t.add(&other_t);
+                [s, t]
             });
-        AffineGrads { q: gq, k: gk, nets }
+        AffineMoveGrads {
+            x: grad_x,
+            by: grad_by,
+            nets,
+        }
     }
 
-    /// One chunk: `gq`, `gk` hold the outputs' gradients on entry, the inputs' on return.
+    /// One chunk: writes the gradients of `x` and `by`, returns those of the nets.
     fn backward_chunk(
         &self,
-        q: &[f32],
-        k: &[f32],
-        gq: &mut [f32],
-        gk: &mut [f32],
-    ) -> [NetGrads; 4] {
-        let tokens = q.len() / (self.layout.heads * self.layout.d);
-        let groups = self.layout.groups(tokens);
+        x: &[f32],
+        by: &[f32],
+        grad_y: &[f32],
+        grad_x: &mut [f32],
+        grad_by: &mut [f32],
+    ) -> [NetGrads; 2] {
+        let tokens = x.len() / (self.layout.heads * self.layout.d);
         let mut scratch = Scratch::default();
-        let mut grads: [NetGrads; 4] = std::array::from_fn(|_| NetGrads::zeros(&self.layout));
-        // The forward pass again: the new k, and each move's scales.
-        let first_by = if self.coupled { q } else { k };
-        let keys = self.moves(0, first_by, &mut scratch);
-        let mut k1 = k.to_vec();
-        Self::apply(&mut k1, &keys);
-        let second_by: &[f32] = if self.coupled { &k1 } else { q };
-        let queries = self.moves(2, second_by, &mut scratch);
-
-        // q₁ = q ⊙ e₂ + t₂(b): back to q, s₂, t₂ and b.
-        let mut grad_by = vec![0.0; q.len()];
-        let (grad_log_scale, grad_shift) = self.move_backward(&queries, q, gq);
-        for group in &groups {
-            let s = (&self.nets[2], &grad_log_scale);
-            let t = (&self.nets[3], &grad_shift);
-            let [.., gs, gt] = &mut grads;
-            for ((weights, grad_out), grads) in [s, t].into_iter().zip([gs, gt]) {
-                net::backward(
-                    weights,
-                    &self.layout,
-                    group,
-                    second_by,
-                    grad_out,
-                    &mut grad_by,
-                    grads,
-                    &mut scratch,
-                );
-            }
-        }
-        // The query's own path: gq ← gq ⊙ e₂ (after the shift's gradient was taken).
-        gq.iter_mut().zip(&queries.scale).for_each(|(g, e)| *g *= e);
-        let into = if self.coupled { &mut *gk } else { &mut *gq };
-        into.iter_mut().zip(&grad_by).for_each(|(g, b)| *g += b);
-
-        // k₁ = k ⊙ e₁ + t₁(a).
-        grad_by.fill(0.0);
-        let (grad_log_scale, grad_shift) = self.move_backward(&keys, k, gk);
-        for group in &groups {
-            let s = (&self.nets[0], &grad_log_scale);
-            let t = (&self.nets[1], &grad_shift);
-            let [gs, gt, ..] = &mut grads;
-            for ((weights, grad_out), grads) in [s, t].into_iter().zip([gs, gt]) {
-                net::backward(
-                    weights,
-                    &self.layout,
-                    group,
-                    first_by,
-                    grad_out,
-                    &mut grad_by,
-                    grads,
-                    &mut scratch,
-                );
-            }
-        }
-        gk.iter_mut().zip(&keys.scale).for_each(|(g, e)| *g *= e);
-        let into = if self.coupled { &mut *gq } else { &mut *gk };
-        into.iter_mut().zip(&grad_by).for_each(|(g, b)| *g += b);
-        grads
-    }
-
-    /// For `y = x ⊙ exp(s) + t` with `s = B·tanh(raw/B)`: the gradients of `raw` and of `t`
-    /// (a copy of `grad_y`'s) given that of `y`.
-    fn move_backward(&self, m: &Move, x: &[f32], grad_y: &[f32]) -> (Vec<f32>, Vec<f32>) {
+        let mut log_scale = vec![0.0; x.len()];
+        self.nets(by, &mut log_scale, None, &mut scratch);
+        let mut scale = log_scale.clone();
+        exp_in_place(&mut scale);
+        // y = x·e + t, e = exp(s), s = B·tanh(raw/B): ∂y/∂x = e, ∂y/∂raw = x·e·(1 − tanh²).
+        // `log_scale` becomes the gradient of raw.
         let b = self.bound;
-        let grad_raw = grad_y
-            .iter()
+        for ((((s, gx), &e), &x), &gy) in log_scale
+            .iter_mut()
+            .zip(grad_x.iter_mut())
+            .zip(&scale)
             .zip(x)
-            .zip(m.scale.iter().zip(&m.log_scale))
-            .map(|((g, x), (e, s))| {
-                let tanh = s / b;
-                g * x * e * (1.0 - tanh * tanh)
-            })
-            .collect();
-        (grad_raw, grad_y.to_vec())
+            .zip(grad_y)
+        {
+            let tanh = *s / b;
+            *gx = gy * e;
+            *s = gy * x * e * (1.0 - tanh * tanh);
+        }
+        let grad_raw = log_scale;
+        let mut grads = [NetGrads::zeros(&self.layout), NetGrads::zeros(&self.layout)];
+        let [gs, gt] = &mut grads;
+        for group in self.layout.groups(tokens) {
+            let [s, t] = &self.nets;
+            net::backward(
+                s,
+                &self.layout,
+                &group,
+                by,
+                &grad_raw,
+                grad_by,
+                gs,
+                &mut scratch,
+            );
+            net::backward(
+                t,
+                &self.layout,
+                &group,
+                by,
+                grad_y,
+                grad_by,
+                gt,
+                &mut scratch,
+            );
+        }
+        grads
     }
 }

@@ -9,7 +9,7 @@ use rayon::prelude::*;
 
 /// Rows (tokens × heads) per chunk: a chunk's states and forces, a few of `rows × d_head`
 /// floats each, stay in a core's L2 cache.
-const CHUNK_ROWS: usize = 256;
+const CHUNK_ROWS: usize = 512;
 
 /// The coupled dynamics of one layer on host slices.
 pub(crate) struct Coupled<'a> {
@@ -22,8 +22,8 @@ pub(crate) struct Coupled<'a> {
 
 /// The gradients of the inputs and parameters of [`Coupled`].
 pub(crate) struct CoupledGrads {
-    pub(crate) q: Vec<f32>,
-    pub(crate) k: Vec<f32>,
+    /// `[grad q, grad k]`.
+    pub(crate) q_and_k: Vec<f32>,
     pub(crate) net: NetGrads,
     pub(crate) dt: Vec<f32>,
 }
@@ -49,16 +49,19 @@ impl Coupled<'_> {
         }
     }
 
-    /// The evolved `(q, k)` of `[tokens, heads, d]` inputs.
-    pub(crate) fn forward(&self, q: &[f32], k: &[f32]) -> (Vec<f32>, Vec<f32>) {
-        let (mut q, mut k) = (q.to_vec(), k.to_vec());
+    /// The evolved `[q', k']` of `[tokens, heads, d]` inputs, one after the other.
+    pub(crate) fn forward(&self, q: &[f32], k: &[f32]) -> Vec<f32> {
+        let mut out = Vec::with_capacity(2 * q.len());
+        out.extend_from_slice(q);
+        out.extend_from_slice(k);
+        let (q, k) = out.split_at_mut(q.len());
         let chunk = self.tokens_per_chunk() * self.layout.heads * self.layout.d;
         q.par_chunks_mut(chunk)
             .zip(k.par_chunks_mut(chunk))
             .for_each(|(q, k)| {
                 self.replay(q, k, None);
             });
-        (q, k)
+        out
     }
 
     /// Runs the moves over one chunk in place; with a tape, records what the backward pass
@@ -103,17 +106,12 @@ impl Coupled<'_> {
         }
     }
 
-    /// The gradients of the inputs and parameters, given those of the evolved `(q, k)`.
-    pub(crate) fn backward(
-        &self,
-        q: &[f32],
-        k: &[f32],
-        grad_q: &[f32],
-        grad_k: &[f32],
-    ) -> CoupledGrads {
+    /// The gradients of the inputs and parameters, given `[grad q', grad k']`, which become
+    /// `[grad q, grad k]` in place.
+    pub(crate) fn backward(&self, q: &[f32], k: &[f32], mut grad: Vec<f32>) -> CoupledGrads {
         let (heads, d) = (self.layout.heads, self.layout.d);
         let chunk = self.tokens_per_chunk() * heads * d;
-        let (mut gq, mut gk) = (grad_q.to_vec(), grad_k.to_vec());
+        let (gq, gk) = grad.split_at_mut(q.len());
         let zeros = || (NetGrads::zeros(&self.layout), vec![0.0f64; self.dt.len()]);
         let (net, dt) = gq
             .par_chunks_mut(chunk)
@@ -126,8 +124,7 @@ impl Coupled<'_> {
                 (net, dt)
             });
         CoupledGrads {
-            q: gq,
-            k: gk,
+            q_and_k: grad,
             net,
             dt: dt.into_iter().map(|g| g as f32).collect(),
         }

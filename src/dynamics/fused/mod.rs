@@ -4,7 +4,7 @@
 //! Written as tensor ops, one coupled layer is dozens of small passes over `[batch, seq, heads,
 //! d_head]` memory (each net a product, a bias, a SiLU, a product, a bias; every move an
 //! elementwise op), and autodiff keeps every intermediate. Here the coupled dynamics (any
-//! integrator, any number of steps) and each affine layer are one op: chunks of tokens go
+//! integrator, any number of steps) is one op and each move of an affine layer one: chunks of tokens go
 //! through every move in cache, the nets' products run on `gemm` and their exponentials
 //! vectorised, and the backward pass recomputes the nets' hidden activations from the inputs,
 //! so the graph keeps `q`, `k` and the output only.
@@ -29,7 +29,7 @@ use std::any::{Any, TypeId};
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
-/// A backend's fused op: the kernel over flattened inputs, `[q', k']` flat.
+/// A backend's fused op: the kernel over flattened inputs, its output flat.
 type FusedFn<B> = fn(&Kernel, Vec<Tensor<B, 1>>) -> Tensor<B, 1>;
 
 /// `TypeId` of a backend → its [`FusedFn`], boxed: how a module generic over `Backend` finds
@@ -154,7 +154,8 @@ pub(super) fn coupled<B: Backend>(
     Some(split(run(&kernel, inputs), q.dims()))
 }
 
-/// One affine layer as one fused op, or `None` where it does not apply.
+/// One affine layer as two fused ops (`k`'s move, then `q`'s), or `None` where they do not
+/// apply.
 pub(super) fn affine_layer<B: Backend>(
     coupling: &AffineCoupling<B>,
     layer: &AffineLayer<B>,
@@ -175,14 +176,21 @@ pub(super) fn affine_layer<B: Backend>(
     if !nets.iter().all(same) || !(coupling.scale_bound > 0.0) {
         return None;
     }
-    let kernel = Kernel::Affine {
+    let kernel = Kernel::AffineMove {
         layout,
         bound: coupling.scale_bound as f32,
-        coupled: coupling.coupled,
     };
-    let mut inputs = vec![flat(q.clone()), flat(k.clone())];
-    for net in nets {
-        inputs.extend(net_inputs(net));
-    }
-    Some(split(run(&kernel, inputs), q.dims()))
+    let dims = q.dims();
+    let affine_move = |x: &Tensor<B, 4>, by: &Tensor<B, 4>, s, t| {
+        let mut inputs = vec![flat(x.clone()), flat(by.clone())];
+        inputs.extend(net_inputs(s));
+        inputs.extend(net_inputs(t));
+        run(&kernel, inputs).reshape(dims)
+    };
+    // The coupling moves each of k, q by nets of the other; the control by nets of itself.
+    let by = if coupling.coupled { q } else { k };
+    let k = affine_move(k, by, nets[0], nets[1]);
+    let by = if coupling.coupled { &k } else { q };
+    let q = affine_move(q, by, nets[2], nets[3]);
+    Some((q, k))
 }

@@ -3,10 +3,9 @@
 //! `examples/custom-cubecl-kernel/src/backward.rs`), whose backward pass recomputes the nets'
 //! hidden activations from the inputs it keeps.
 //!
-//! Every input travels flattened to rank 1 (`q`, `k`, then the parameters), with the shapes in
-//! the [`Kernel`]; the output is `q'` then `k'`, flat.
+//! Every input and output travels flattened to rank 1, with the shapes in the [`Kernel`].
 
-use super::affine::Affine;
+use super::affine::AffineMove;
 use super::coupled::Coupled;
 use super::net::{Layout, NetWeights};
 use super::program::Program;
@@ -22,54 +21,68 @@ use std::sync::Arc;
 /// What a fused op computes, with the sizes of its inputs.
 #[derive(Clone, Debug)]
 pub(crate) enum Kernel {
-    /// Inputs `q, k, w1, b1, w2, b2, dt`.
+    /// Inputs `q, k, w1, b1, w2, b2, dt`; output `[q', k']`.
     Coupled {
         layout: Layout,
         program: Arc<Program>,
     },
-    /// Inputs `q, k`, then `w1, b1, w2, b2` of `s₁, t₁, s₂, t₂`.
-    Affine {
-        layout: Layout,
-        bound: f32,
-        coupled: bool,
-    },
+    /// Inputs `x, a`, then `w1, b1, w2, b2` of the nets `s` and `t`; output
+    /// `y = x ⊙ exp(B·tanh(s(a)/B)) + t(a)`.
+    AffineMove { layout: Layout, bound: f32 },
+}
+
+/// The gradients of a kernel's inputs: the first `leading_inputs` share one buffer, in equal
+/// parts (the coupled dynamics compute those of `q` and `k` in place of `[grad q', grad k']`).
+struct InputGrads {
+    leading: Vec<f32>,
+    leading_inputs: usize,
+    rest: Vec<Vec<f32>>,
 }
 
 impl Kernel {
-    /// `(q', k')` of the inputs.
-    fn forward(&self, inputs: &[&[f32]]) -> (Vec<f32>, Vec<f32>) {
+    /// The output of the inputs.
+    fn forward(&self, inputs: &[&[f32]]) -> Vec<f32> {
         match self {
             Kernel::Coupled { layout, program } => {
                 coupled(layout, program, inputs).forward(inputs[0], inputs[1])
             }
-            Kernel::Affine {
-                layout,
-                bound,
-                coupled,
-            } => affine(layout, *bound, *coupled, inputs).forward(inputs[0], inputs[1]),
+            Kernel::AffineMove { layout, bound } => {
+                affine_move(layout, *bound, inputs).forward(inputs[0], inputs[1])
+            }
         }
     }
 
-    /// The gradient of every input, in the inputs' order.
-    fn backward(&self, inputs: &[&[f32]], grad_q: &[f32], grad_k: &[f32]) -> Vec<Vec<f32>> {
-        let (q, k) = (inputs[0], inputs[1]);
+    /// The gradient of every input, given the output's.
+    fn backward(&self, inputs: &[&[f32]], grad: Vec<f32>) -> InputGrads {
         match self {
             Kernel::Coupled { layout, program } => {
-                let g = coupled(layout, program, inputs).backward(q, k, grad_q, grad_k);
-                vec![g.q, g.k, g.net.w1, g.net.b1, g.net.w2, g.net.b2, g.dt]
-            }
-            Kernel::Affine {
-                layout,
-                bound,
-                coupled,
-            } => {
-                let g = affine(layout, *bound, *coupled, inputs).backward(q, k, grad_q, grad_k);
-                let mut grads = vec![g.q, g.k];
-                for net in g.nets {
-                    grads.extend([net.w1, net.b1, net.w2, net.b2]);
+                let g = coupled(layout, program, inputs).backward(inputs[0], inputs[1], grad);
+                InputGrads {
+                    leading: g.q_and_k,
+                    leading_inputs: 2,
+                    rest: vec![g.net.w1, g.net.b1, g.net.w2, g.net.b2, g.dt],
                 }
-                grads
             }
+            Kernel::AffineMove { layout, bound } => {
+                let g = affine_move(layout, *bound, inputs).backward(inputs[0], inputs[1], &grad);
+                let mut rest = vec![g.by];
+                for net in g.nets {
+                    rest.extend([net.w1, net.b1, net.w2, net.b2]);
+                }
+                InputGrads {
+                    leading: g.x,
+                    leading_inputs: 1,
+                    rest,
+                }
+            }
+        }
+    }
+
+    /// How many inputs the kernel takes.
+    fn inputs(&self) -> usize {
+        match self {
+            Kernel::Coupled { .. } => 7,
+            Kernel::AffineMove { .. } => 10,
         }
     }
 }
@@ -92,18 +105,46 @@ fn coupled<'a>(layout: &Layout, program: &'a Program, inputs: &[&'a [f32]]) -> C
     }
 }
 
-fn affine<'a>(layout: &Layout, bound: f32, coupled: bool, inputs: &[&'a [f32]]) -> Affine<'a> {
-    Affine {
+fn affine_move<'a>(layout: &Layout, bound: f32, inputs: &[&'a [f32]]) -> AffineMove<'a> {
+    AffineMove {
         layout: *layout,
-        nets: std::array::from_fn(|i| net(&inputs[2 + 4 * i..])),
+        nets: [net(&inputs[2..6]), net(&inputs[6..10])],
         bound,
-        coupled,
     }
 }
 
-fn floats<B: Backend>(t: Tensor<B, 1>) -> Vec<f32> {
-    t.into_data()
-        .into_vec::<f32>()
+/// A tensor's values on the host, read without a copy beyond the backend's own.
+enum HostValues {
+    Read(TensorData),
+    /// The rare buffer whose alignment does not allow viewing it as `f32`s: converted.
+    Converted(Vec<f32>),
+}
+
+impl HostValues {
+    fn read<B: Backend>(t: Tensor<B, 1>) -> Self {
+        let data = t.into_data();
+        if data.as_slice::<f32>().is_ok() {
+            HostValues::Read(data)
+        } else {
+            HostValues::Converted(owned(data))
+        }
+    }
+
+    fn values(&self) -> &[f32] {
+        match self {
+            HostValues::Read(data) => data.as_slice().expect("checked when read"),
+            HostValues::Converted(values) => values,
+        }
+    }
+}
+
+fn read_all<B: Backend>(tensors: impl IntoIterator<Item = Tensor<B, 1>>) -> Vec<HostValues> {
+    tensors.into_iter().map(HostValues::read).collect()
+}
+
+/// A tensor's values as a vector (without a copy where the tensor holds its buffer alone).
+fn owned(data: TensorData) -> Vec<f32> {
+    data.into_vec::<f32>()
         .expect("the fused dynamics run on f32 tensors only")
 }
 
@@ -112,25 +153,19 @@ fn tensor<B: Backend>(data: Vec<f32>, device: &B::Device) -> Tensor<B, 1> {
     Tensor::from_data(TensorData::new(data, [n]), device)
 }
 
-fn concat(q: Vec<f32>, k: Vec<f32>) -> Vec<f32> {
-    let mut out = q;
-    out.extend(k);
-    out
-}
-
-/// The kernel without autodiff: `[q', k']` flat.
+/// The kernel without autodiff.
 pub(crate) fn run_plain<B: Backend>(kernel: &Kernel, inputs: Vec<Tensor<B, 1>>) -> Tensor<B, 1> {
     let device = inputs[0].device();
-    let data: Vec<Vec<f32>> = inputs.into_iter().map(floats).collect();
-    let views: Vec<&[f32]> = data.iter().map(Vec::as_slice).collect();
-    let (q, k) = kernel.forward(&views);
-    tensor(concat(q, k), &device)
+    let data = read_all(inputs);
+    let views: Vec<&[f32]> = data.iter().map(HostValues::values).collect();
+    tensor(kernel.forward(&views), &device)
 }
 
-/// What the backward pass keeps: the inputs' values on the host, and the kernel.
+/// What the backward pass keeps: the inputs (shared with the graph's other holders; read to the
+/// host again there) and the kernel.
 #[derive(Clone, Debug)]
-struct Saved {
-    inputs: Arc<Vec<Vec<f32>>>,
+struct Saved<B: Backend> {
+    inputs: Vec<FloatTensor<B>>,
     kernel: Kernel,
 }
 
@@ -138,27 +173,39 @@ struct Saved {
 struct FusedBackward;
 
 impl<B: Backend, const N: usize> Backward<B, N> for FusedBackward {
-    type State = Saved;
+    type State = Saved<B>;
 
     fn backward(self, ops: Ops<Self::State, N>, grads: &mut Gradients, _: &mut Checkpointer) {
         let grad =
             Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(grads.consume::<B>(&ops.node)));
         let device = grad.device();
-        let grad = floats(grad);
-        let (grad_q, grad_k) = grad.split_at(grad.len() / 2);
         let Saved { inputs, kernel } = ops.state;
-        let views: Vec<&[f32]> = inputs.iter().map(Vec::as_slice).collect();
-        let input_grads = kernel.backward(&views, grad_q, grad_k);
-        for (parent, g) in ops.parents.into_iter().zip(input_grads) {
+        let data = read_all(
+            inputs
+                .into_iter()
+                .map(|p| Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(p))),
+        );
+        let views: Vec<&[f32]> = data.iter().map(HostValues::values).collect();
+        let input_grads = kernel.backward(&views, owned(grad.into_data()));
+        drop(data);
+        // The leading inputs' gradients as views of one tensor: no copy.
+        let leading = tensor::<B>(input_grads.leading, &device);
+        let part = leading.dims()[0] / input_grads.leading_inputs;
+        let leading = (0..input_grads.leading_inputs)
+            .map(|i| leading.clone().slice([i * part..(i + 1) * part]));
+        let rest = input_grads
+            .rest
+            .into_iter()
+            .map(|g| tensor::<B>(g, &device));
+        for (parent, g) in ops.parents.into_iter().zip(leading.chain(rest)) {
             if let Some(node) = parent {
-                let g = tensor::<B>(g, &device).into_primitive().tensor();
-                grads.register::<B>(node.id, g);
+                grads.register::<B>(node.id, g.into_primitive().tensor());
             }
         }
     }
 }
 
-/// The kernel as one autodiff op over `N` inputs: `[q', k']` flat.
+/// The kernel as one autodiff op over `N` inputs.
 fn run_autodiff<B: Backend, C: CheckpointStrategy, const N: usize>(
     kernel: &Kernel,
     inputs: Vec<Tensor<Autodiff<B, C>, 1>>,
@@ -173,15 +220,17 @@ fn run_autodiff<B: Backend, C: CheckpointStrategy, const N: usize>(
         Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(p.primitive.clone()))
     };
     let device = inner(&primitives[0]).device();
-    let data: Vec<Vec<f32>> = primitives.iter().map(|p| floats(inner(p))).collect();
-    let views: Vec<&[f32]> = data.iter().map(Vec::as_slice).collect();
-    let (q, k) = kernel.forward(&views);
-    let output = tensor::<B>(concat(q, k), &device).into_primitive().tensor();
-    let nodes = primitives.map(|p| p.node.clone());
+    let data = read_all(primitives.iter().map(inner));
+    let views: Vec<&[f32]> = data.iter().map(HostValues::values).collect();
+    let output = tensor::<B>(kernel.forward(&views), &device)
+        .into_primitive()
+        .tensor();
+    drop(data);
+    let nodes = primitives.clone().map(|p| p.node);
     let output = match FusedBackward.prepare::<C>(nodes).compute_bound().stateful() {
         OpsKind::Tracked(prep) => prep.finish(
             Saved {
-                inputs: Arc::new(data),
+                inputs: primitives.into_iter().map(|p| p.primitive).collect(),
                 kernel: kernel.clone(),
             },
             output,
@@ -191,13 +240,14 @@ fn run_autodiff<B: Backend, C: CheckpointStrategy, const N: usize>(
     Tensor::from_primitive(TensorPrimitive::Float(output))
 }
 
-/// [`run_autodiff`] for the coupled dynamics (7 inputs) or an affine layer (18).
+/// [`run_autodiff`] for the kernel's number of inputs.
 pub(crate) fn run_tracked<B: Backend, C: CheckpointStrategy>(
     kernel: &Kernel,
     inputs: Vec<Tensor<Autodiff<B, C>, 1>>,
 ) -> Tensor<Autodiff<B, C>, 1> {
+    assert_eq!(inputs.len(), kernel.inputs(), "the inputs of {kernel:?}");
     match kernel {
         Kernel::Coupled { .. } => run_autodiff::<B, C, 7>(kernel, inputs),
-        Kernel::Affine { .. } => run_autodiff::<B, C, 18>(kernel, inputs),
+        Kernel::AffineMove { .. } => run_autodiff::<B, C, 10>(kernel, inputs),
     }
 }
