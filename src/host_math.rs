@@ -169,6 +169,147 @@ pub(crate) fn exp_in_place(values: &mut [f32]) {
     pulp::Arch::new().dispatch(ExpInPlace(values));
 }
 
+/// `erf(x)` lane by lane, within 1e-6: `x·P(x²)/Q(x²)` on `x` clamped to `[−4, 4]` (beyond which
+/// `erf` is `±1` in `f32`), the rational approximation of Eigen's `generic_fast_erf_float`.
+#[inline(always)]
+pub(crate) fn erf<S: pulp::Simd>(simd: S, x: S::f32s) -> S::f32s {
+    let splat = |c: f32| simd.splat_f32s(c);
+    let x = simd.min_f32s(simd.max_f32s(x, splat(-4.0)), splat(4.0));
+    let x2 = simd.mul_f32s(x, x);
+    let mut p = splat(-2.726_142_3e-10);
+    for c in [
+        2.770_681_4e-8,
+        -2.101_024e-6,
+        -5.692_506_5e-5,
+        -7.349_906_3e-4,
+        -2.954_600_1e-3,
+        -1.609_603_3e-2,
+    ] {
+        p = simd.mul_add_f32s(x2, p, splat(c));
+    }
+    let p = simd.mul_f32s(x, p);
+    let mut q = splat(-1.456_607_2e-5);
+    for c in [-2.133_740_6e-4, -1.682_827e-3, -7.373_329e-3, -1.426_474e-2] {
+        q = simd.mul_add_f32s(x2, q, splat(c));
+    }
+    simd.div_f32s(p, q)
+}
+
+/// GELU and its derivative at `x`, lane by lane: the exact form `x·Φ(x)` or GPT-2's tanh
+/// approximation.
+#[inline(always)]
+fn gelu_and_slope<S: pulp::Simd>(simd: S, x: S::f32s, approximate: bool) -> (S::f32s, S::f32s) {
+    let splat = |c: f32| simd.splat_f32s(c);
+    let half = splat(0.5);
+    if approximate {
+        // u = c·(x + a·x³), t = tanh(u) = 1 − 2/(e^{2u} + 1), y = x·(1 + t)/2,
+        // y' = (1 + t)/2 + x·(1 − t²)·c·(1 + 3a·x²)/2.
+        const C: f32 = 0.797_884_6; // √(2/π)
+        const A: f32 = 0.044_715;
+        let x2 = simd.mul_f32s(x, x);
+        let u = simd.mul_f32s(
+            simd.mul_f32s(splat(C), x),
+            simd.mul_add_f32s(splat(A), x2, splat(1.0)),
+        );
+        let e = exp(simd, simd.add_f32s(u, u));
+        let t = simd.sub_f32s(
+            splat(1.0),
+            simd.div_f32s(splat(2.0), simd.add_f32s(e, splat(1.0))),
+        );
+        let one_plus_t = simd.add_f32s(splat(1.0), t);
+        let y = simd.mul_f32s(simd.mul_f32s(half, x), one_plus_t);
+        let du = simd.mul_f32s(splat(C), simd.mul_add_f32s(splat(3.0 * A), x2, splat(1.0)));
+        let sech2 = simd.sub_f32s(splat(1.0), simd.mul_f32s(t, t));
+        let slope = simd.mul_add_f32s(
+            simd.mul_f32s(half, x),
+            simd.mul_f32s(sech2, du),
+            simd.mul_f32s(half, one_plus_t),
+        );
+        (y, slope)
+    } else {
+        // Φ = (1 + erf(x/√2))/2, φ = e^{−x²/2}/√(2π); y = x·Φ, y' = Φ + x·φ.
+        let cdf = simd.mul_f32s(
+            half,
+            simd.add_f32s(
+                splat(1.0),
+                erf(
+                    simd,
+                    simd.mul_f32s(x, splat(std::f32::consts::FRAC_1_SQRT_2)),
+                ),
+            ),
+        );
+        let minus_half_x2 = simd.mul_f32s(simd.mul_f32s(x, x), splat(-0.5));
+        let pdf = simd.mul_f32s(exp(simd, minus_half_x2), splat(0.398_942_3)); // 1/√(2π)
+        (simd.mul_f32s(x, cdf), simd.mul_add_f32s(x, pdf, cdf))
+    }
+}
+
+/// `out = gelu(x)`, or with `slope` the derivative times `out`'s values in place (`out ←
+/// out·gelu'(x)`, the backward pass).
+struct Gelu<'a> {
+    x: &'a [f32],
+    out: &'a mut [f32],
+    approximate: bool,
+    slope: bool,
+}
+
+impl pulp::WithSimd for Gelu<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, simd: S) {
+        let Gelu {
+            x,
+            out,
+            approximate,
+            slope,
+        } = self;
+        let (x_vectors, x_tail) = S::as_simd_f32s(x);
+        let (out_vectors, out_tail) = S::as_mut_simd_f32s(out);
+        for (x, out) in x_vectors.iter().zip(out_vectors) {
+            let (y, dy) = gelu_and_slope(simd, *x, approximate);
+            *out = if slope { simd.mul_f32s(*out, dy) } else { y };
+        }
+        let scalar = pulp::Scalar::new();
+        for (&x, out) in x_tail.iter().zip(out_tail) {
+            let (y, dy) = gelu_and_slope(scalar, x, approximate);
+            *out = if slope { *out * dy } else { y };
+        }
+    }
+}
+
+/// `out = gelu(x)` (exact, or the tanh approximation), vectorised.
+///
+/// # Panics
+/// If the slices' lengths differ.
+pub(crate) fn gelu(x: &[f32], out: &mut [f32], approximate: bool) {
+    assert_eq!(x.len(), out.len(), "gelu: input and output lengths");
+    pulp::Arch::new().dispatch(Gelu {
+        x,
+        out,
+        approximate,
+        slope: false,
+    });
+}
+
+/// `grad ← grad·gelu'(x)` in place, vectorised: the backward pass of [`gelu`].
+///
+/// # Panics
+/// If the slices' lengths differ.
+pub(crate) fn gelu_backward(x: &[f32], grad: &mut [f32], approximate: bool) {
+    assert_eq!(
+        x.len(),
+        grad.len(),
+        "gelu_backward: input and gradient lengths"
+    );
+    pulp::Arch::new().dispatch(Gelu {
+        x,
+        out: grad,
+        approximate,
+        slope: true,
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -189,6 +330,78 @@ mod tests {
         assert_eq!(exp(-100.0), 0.0);
         assert_eq!(exp(0.0), 1.0);
         assert!(exp(f32::NAN).is_nan());
+    }
+
+    /// The vectorised erf is within 1e-6 of erf in f64, out to where it is ±1 in f32.
+    #[test]
+    fn erf_matches_the_reference() {
+        let erf = |x: f32| erf(pulp::Scalar::new(), x);
+        let mut worst = 0.0f64;
+        for i in 0..=120_000 {
+            let x = -6.0 + 12.0 * i as f64 / 120_000.0;
+            worst = worst.max((erf(x as f32) as f64 - libm_erf(x)).abs());
+        }
+        assert!(worst < 1e-6, "largest error {worst}");
+        assert_eq!(erf(0.0), 0.0);
+        assert!((erf(30.0) - 1.0).abs() < 1e-6 && (erf(-30.0) + 1.0).abs() < 1e-6);
+    }
+
+    /// erf in f64 from its Maclaurin series (|x| ≤ 3) and continued fraction (beyond), each
+    /// accurate to far below f32's precision there.
+    fn libm_erf(x: f64) -> f64 {
+        let a = x.abs();
+        let value = if a <= 3.0 {
+            let (mut term, mut sum, mut n) = (a, a, 0.0);
+            while term.abs() > 1e-17 * sum.abs() {
+                n += 1.0;
+                term *= -a * a / n;
+                sum += term / (2.0 * n + 1.0);
+            }
+            sum * 2.0 / std::f64::consts::PI.sqrt()
+        } else {
+            // erfc(a) = e^{−a²}/√π · 1/(a + 1/2/(a + 1/(a + 3/2/(a + 2/(a + …)))))
+            let mut fraction = a;
+            for k in (1..60).rev() {
+                fraction = a + (k as f64 / 2.0) / fraction;
+            }
+            1.0 - (-a * a).exp() / std::f64::consts::PI.sqrt() / fraction
+        };
+        value.copysign(x)
+    }
+
+    /// GELU and its derivative, both forms, against the formulas in f64 (the derivative also by
+    /// central differences).
+    #[test]
+    fn gelu_and_its_slope_match_the_formulas() {
+        let xs: Vec<f32> = (0..2001).map(|i| -10.0 + i as f32 * 0.01).collect();
+        for approximate in [false, true] {
+            let reference = |x: f64| {
+                if approximate {
+                    let c = (2.0 / std::f64::consts::PI).sqrt();
+                    0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh())
+                } else {
+                    0.5 * x * (1.0 + libm_erf(x / std::f64::consts::SQRT_2))
+                }
+            };
+            let mut y = vec![0.0; xs.len()];
+            gelu(&xs, &mut y, approximate);
+            let mut slope = vec![1.0; xs.len()];
+            gelu_backward(&xs, &mut slope, approximate);
+            for ((&x, &y), &dy) in xs.iter().zip(&y).zip(&slope) {
+                let x64 = x as f64;
+                let expected = reference(x64);
+                assert!(
+                    (y as f64 - expected).abs() < 2e-6 * (1.0 + expected.abs()),
+                    "gelu({x}) = {y}, expected {expected}"
+                );
+                let h = 1e-4;
+                let numeric = (reference(x64 + h) - reference(x64 - h)) / (2.0 * h);
+                assert!(
+                    (dy as f64 - numeric).abs() < 2e-5,
+                    "gelu'({x}) = {dy}, expected {numeric} (approximate {approximate})"
+                );
+            }
+        }
     }
 
     /// `exp_in_place` exponentiates every element, the remainder past the last full vector too.

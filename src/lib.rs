@@ -44,6 +44,8 @@ pub mod error;
 mod host_math;
 pub mod integrator;
 pub mod model;
+#[cfg(feature = "autodiff")]
+mod op_table;
 
 pub mod step_size;
 

@@ -464,7 +464,8 @@ impl MultiDeviceTask for Bench<'_> {
             .map(AttentionKernel::to_string)
             .collect();
         serde_json::json!({
-            "backend": name, "devices": devices.len(), "reps": args.reps, "warmup": args.warmup,
+            "backend": name, "dynamics_path": coupled_qk::dynamics::dynamics_path::<B>(),
+            "devices": devices.len(), "reps": args.reps, "warmup": args.warmup,
             "losses": losses, "attention_kernels": kernels, "rows": rows,
             "rss_before_first_step_bytes": rss_before.flatten(), "peak_rss_bytes": rss_kib("VmHWM").map(|k| k * 1024),
         })

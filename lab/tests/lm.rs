@@ -92,6 +92,7 @@ fn a_tiny_run_learns_and_writes_every_output() {
     assert_eq!(run.corpus.name, "test-english");
     assert_eq!(run.corpus.tokenizer, "bytes");
     assert_eq!(run.backend.as_deref(), Some("autodiff<flex>"));
+    assert_eq!(run.dynamics_path.as_deref(), Some("fused"));
 
     let csv = std::fs::read_to_string(dir.join("metrics.csv")).unwrap();
     assert_eq!(csv.lines().next(), Some(HEADER));

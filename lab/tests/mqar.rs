@@ -204,6 +204,7 @@ fn a_sweep_resumes_and_refuses_a_different_one() {
         .unwrap();
     assert_eq!(first.runs.len(), 2);
     assert_eq!(first.runs[0].backend.as_deref(), Some("autodiff<flex>"));
+    assert_eq!(first.runs[0].dynamics_path.as_deref(), Some("fused"));
     // Drop one run, as an interrupted sweep would have: the rerun does only that one.
     let mut partial = first.clone();
     let kept = partial.runs.remove(1);

@@ -10,7 +10,7 @@ mod differential;
 #[cfg(feature = "autodiff")]
 mod flash;
 #[cfg(feature = "autodiff")]
-mod host;
+pub(crate) mod host;
 mod input;
 mod kernel;
 mod mask;

@@ -66,6 +66,16 @@ pub fn runs_fused<B: Backend>() -> bool {
     }
 }
 
+/// Which path the dynamics of layers on backend `B` run on, as runs record it: `"fused"` (see
+/// [`runs_fused`]) or `"tensor-ops"`.
+pub fn dynamics_path<B: Backend>() -> &'static str {
+    if runs_fused::<B>() {
+        "fused"
+    } else {
+        "tensor-ops"
+    }
+}
+
 impl<B: Backend> QkDynamics<B> {
     /// Builds the dynamics a config names, for a layer of `n_heads` heads.
     pub fn try_init(

@@ -157,7 +157,7 @@ impl<B: Backend> Block<B> {
     fn forward_mlp(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         match (&self.norm_mlp, &self.mlp) {
             (Some(norm), Some(mlp)) => {
-                let h = mlp.gelu.forward(mlp.up.forward(norm.forward(x.clone()))); // [b, s, r·d]
+                let h = super::gelu::gelu(&mlp.gelu, mlp.up.forward(norm.forward(x.clone()))); // [b, s, r·d]
                 x + mlp.down.forward(h)
             }
             _ => x,

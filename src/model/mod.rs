@@ -3,6 +3,7 @@
 mod config;
 #[cfg(feature = "autodiff")]
 mod fused_loss;
+mod gelu;
 mod generate;
 mod gpt;
 mod linear_loss;

@@ -329,6 +329,11 @@ pub struct RunConfig {
     /// run may resume on another backend.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backend: Option<String>,
+    /// How that backend ran the attention dynamics: `fused` (one op per layer, on Flex and
+    /// NdArray) or `tensor-ops` (Burn tensor ops; every run recorded before the fused ops
+    /// existed, whose `config.json` lacks the field). The same function either way.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dynamics_path: Option<String>,
 }
 
 /// A setting changed when a run was resumed, as `config.json` records it.
@@ -383,6 +388,7 @@ impl RunConfig {
             },
             changes: Vec::new(),
             backend: None,
+            dynamics_path: None,
         }
     }
 
@@ -444,7 +450,7 @@ impl std::fmt::Display for FieldChange {
 }
 
 /// The fields whose values differ between two `config.json` texts, leaving out
-/// [`BOOKKEEPING_FIELDS`], the record of earlier changes, the backend, the attention kernel and the loss's
+/// [`BOOKKEEPING_FIELDS`], the record of earlier changes, the backend and its dynamics path, the attention kernel and the loss's
 /// [`LossKind`] (ways of computing the same function), and the corpus hashes where the old text
 /// has none (it was written before they were recorded).
 ///
@@ -458,6 +464,7 @@ pub fn differing_fields(old: &serde_json::Value, new: &serde_json::Value) -> Vec
         !BOOKKEEPING_FIELDS.contains(&c.field.as_str())
             && c.field != "changes"
             && c.field != "backend"
+            && c.field != "dynamics_path"
             && c.field != "loss"
             && c.field != "attention_kernel"
             // A config.json written before the corpus hashes were recorded cannot be checked

@@ -52,6 +52,9 @@ pub struct RunResult {
     /// The backend it trained on, as Burn names it (e.g. `autodiff<flex>`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backend: Option<String>,
+    /// How it ran the attention dynamics: `fused` or `tensor-ops` (absent: tensor ops).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dynamics_path: Option<String>,
 }
 
 /// The sweep and every finished run: the content of `results.json`.
@@ -234,6 +237,7 @@ impl Sweep {
                 key: (*key).clone(),
                 outcome,
                 backend: Some(B::name(&devices[0])),
+                dynamics_path: Some(coupled_qk::dynamics::dynamics_path::<B>().to_string()),
             });
             save(&path, &results)?;
         }

@@ -21,57 +21,27 @@ mod program;
 
 use super::{AffineCoupling, AffineLayer, CoupledDynamics};
 use crate::coupling::CouplingNet;
+use crate::op_table::{OpTable, register_host_ops};
 use burn::tensor::{DType, Tensor, backend::Backend};
 use net::Layout;
 use op::Kernel;
 use program::Program;
-use std::any::{Any, TypeId};
-use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
 /// A backend's fused op: the kernel over flattened inputs, its output flat.
 type FusedFn<B> = fn(&Kernel, Vec<Tensor<B, 1>>) -> Tensor<B, 1>;
 
-/// `TypeId` of a backend → its [`FusedFn`], boxed: how a module generic over `Backend` finds
-/// the op of the backend it runs on (the pattern of the flash scorer's registry).
-fn registry() -> &'static HashMap<TypeId, Box<dyn Any + Send + Sync>> {
-    static REGISTRY: OnceLock<HashMap<TypeId, Box<dyn Any + Send + Sync>>> = OnceLock::new();
-    REGISTRY.get_or_init(|| {
-        #[allow(unused_mut)]
-        let mut table: HashMap<TypeId, Box<dyn Any + Send + Sync>> = HashMap::new();
-        #[allow(unused_macros)]
-        macro_rules! register {
-            ($backend:ty) => {{
-                use burn::backend::Autodiff;
-                use burn::backend::autodiff::checkpoint::strategy::{
-                    BalancedCheckpointing, NoCheckpointing,
-                };
-                let plain: FusedFn<$backend> = op::run_plain::<$backend>;
-                table.insert(TypeId::of::<$backend>(), Box::new(plain));
-                let tracked: FusedFn<Autodiff<$backend>> =
-                    op::run_tracked::<$backend, NoCheckpointing>;
-                table.insert(TypeId::of::<Autodiff<$backend>>(), Box::new(tracked));
-                let balanced: FusedFn<Autodiff<$backend, BalancedCheckpointing>> =
-                    op::run_tracked::<$backend, BalancedCheckpointing>;
-                table.insert(
-                    TypeId::of::<Autodiff<$backend, BalancedCheckpointing>>(),
-                    Box::new(balanced),
-                );
-            }};
-        }
-        #[cfg(feature = "flex")]
-        register!(burn::backend::Flex);
-        #[cfg(feature = "ndarray")]
-        register!(burn::backend::NdArray);
-        table
-    })
-}
-
 fn fused_for<B: Backend>() -> Option<FusedFn<B>> {
-    registry()
-        .get(&TypeId::of::<B>())
-        .and_then(|f| f.downcast_ref::<FusedFn<B>>())
-        .copied()
+    static TABLE: OnceLock<OpTable> = OnceLock::new();
+    TABLE
+        .get_or_init(|| {
+            #[allow(unused_mut)]
+            let mut table = OpTable::default();
+            use op::{run_plain, run_tracked};
+            register_host_ops!(table, FusedFn, run_plain, run_tracked);
+            table
+        })
+        .get::<B, FusedFn<B>>()
 }
 
 /// Whether the built-in dynamics of a layer on backend `B` run as fused ops (for `f32`

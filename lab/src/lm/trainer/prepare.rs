@@ -154,6 +154,7 @@ impl<'a, B: FusedOps> Trainer<'a, B> {
             .map_or(config.max_steps, |s| s.min(config.max_steps));
         let mut run_config = RunConfig::new(config, corpus);
         run_config.backend = Some(B::name(device));
+        run_config.dynamics_path = Some(coupled_qk::dynamics::dynamics_path::<B>().to_string());
         let (lock, start) = if main {
             let (lock, start) = open_run_folder(out_dir, &run_config, options, &say)?;
             (Some(lock), start)
