@@ -42,6 +42,8 @@ pub mod dynamics;
 pub mod error;
 #[cfg(feature = "autodiff")]
 mod host_math;
+#[cfg(feature = "autodiff")]
+mod host_tensor;
 pub mod integrator;
 pub mod model;
 #[cfg(feature = "autodiff")]

@@ -12,6 +12,7 @@
 
 use super::blockwise::{Blockwise, BlockwiseGrads};
 use crate::host_math::{Mat, exp, gemm};
+use crate::host_tensor::HostValues;
 use burn::tensor::{DType, Tensor, TensorData, backend::Backend};
 use rayon::prelude::*;
 
@@ -88,12 +89,8 @@ pub(crate) fn backward<B: Backend>(
 /// Flex that read is one contiguous copy, where a head-major read gathers element by element.
 fn floats<B: Backend>(t: Tensor<B, 4>) -> Vec<f32> {
     let [batch, heads, seq, d] = t.dims();
-    let token_major = t
-        .swap_dims(1, 2)
-        .into_data()
-        .into_vec::<f32>()
-        .expect("the host kernel runs on f32 tensors only (`applies`)");
-    swap_middle(&token_major, [batch, seq, heads, d])
+    let token_major = HostValues::read(t.swap_dims(1, 2).reshape([batch * seq * heads * d]));
+    swap_middle(token_major.values(), [batch, seq, heads, d])
 }
 
 /// A `[b, h, s, d]` tensor of head-major values, stored token-major (the layout [`floats`] reads

@@ -22,13 +22,14 @@ pub(crate) fn gelu<B: Backend, const D: usize>(gelu: &Gelu, x: Tensor<B, D>) -> 
 #[cfg(feature = "autodiff")]
 mod host {
     use crate::host_math;
+    use crate::host_tensor::{HostValues, owned, tensor};
     use crate::op_table::{OpTable, register_host_ops};
     use burn::backend::Autodiff;
     use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
     use burn::backend::autodiff::grads::Gradients;
     use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
     use burn::tensor::ops::FloatTensor;
-    use burn::tensor::{Tensor, TensorData, TensorPrimitive, backend::Backend};
+    use burn::tensor::{Tensor, TensorPrimitive, backend::Backend};
     use rayon::prelude::*;
     use std::sync::OnceLock;
 
@@ -51,17 +52,6 @@ mod host {
             .get::<B, GeluFn<B>>()
     }
 
-    fn values<B: Backend>(t: Tensor<B, 1>) -> Vec<f32> {
-        t.into_data()
-            .into_vec::<f32>()
-            .expect("the host GELU runs on f32 tensors only")
-    }
-
-    fn tensor<B: Backend>(data: Vec<f32>, device: &B::Device) -> Tensor<B, 1> {
-        let n = data.len();
-        Tensor::from_data(TensorData::new(data, [n]), device)
-    }
-
     /// `gelu(x)` on the host, in parallel chunks.
     fn forward(x: &[f32], approximate: bool) -> Vec<f32> {
         let mut y = vec![0.0; x.len()];
@@ -73,7 +63,7 @@ mod host {
 
     fn plain<B: Backend>(x: Tensor<B, 1>, approximate: bool) -> Tensor<B, 1> {
         let device = x.device();
-        tensor(forward(&values(x), approximate), &device)
+        tensor(forward(HostValues::read(x).values(), approximate), &device)
     }
 
     #[derive(Debug)]
@@ -91,8 +81,9 @@ mod host {
             let float = |t| Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(t));
             let grad = float(grad);
             let device = grad.device();
-            let x = values(float(x));
-            let mut grad = values(grad);
+            let x = HostValues::read(float(x));
+            let x = x.values();
+            let mut grad = owned(grad.into_data());
             grad.par_chunks_mut(CHUNK)
                 .zip(x.par_chunks(CHUNK))
                 .for_each(|(g, x)| host_math::gelu_backward(x, g, approximate));
@@ -110,9 +101,12 @@ mod host {
         let x = x.into_primitive().tensor();
         let inner = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(x.primitive.clone()));
         let device = inner.device();
-        let y = tensor::<B>(forward(&values(inner), approximate), &device)
-            .into_primitive()
-            .tensor();
+        let y = tensor::<B>(
+            forward(HostValues::read(inner).values(), approximate),
+            &device,
+        )
+        .into_primitive()
+        .tensor();
         let out = match GeluBackward
             .prepare::<C>([x.node.clone()])
             .compute_bound()

@@ -9,13 +9,14 @@ use super::affine::AffineMove;
 use super::coupled::Coupled;
 use super::net::{Layout, NetWeights};
 use super::program::Program;
+use crate::host_tensor::{HostValues, owned, read_all, tensor};
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::{Tensor, TensorData, TensorPrimitive};
+use burn::tensor::{Tensor, TensorPrimitive};
 use std::sync::Arc;
 
 /// What a fused op computes, with the sizes of its inputs.
@@ -111,46 +112,6 @@ fn affine_move<'a>(layout: &Layout, bound: f32, inputs: &[&'a [f32]]) -> AffineM
         nets: [net(&inputs[2..6]), net(&inputs[6..10])],
         bound,
     }
-}
-
-/// A tensor's values on the host, read without a copy beyond the backend's own.
-enum HostValues {
-    Read(TensorData),
-    /// The rare buffer whose alignment does not allow viewing it as `f32`s: converted.
-    Converted(Vec<f32>),
-}
-
-impl HostValues {
-    fn read<B: Backend>(t: Tensor<B, 1>) -> Self {
-        let data = t.into_data();
-        if data.as_slice::<f32>().is_ok() {
-            HostValues::Read(data)
-        } else {
-            HostValues::Converted(owned(data))
-        }
-    }
-
-    fn values(&self) -> &[f32] {
-        match self {
-            HostValues::Read(data) => data.as_slice().expect("checked when read"),
-            HostValues::Converted(values) => values,
-        }
-    }
-}
-
-fn read_all<B: Backend>(tensors: impl IntoIterator<Item = Tensor<B, 1>>) -> Vec<HostValues> {
-    tensors.into_iter().map(HostValues::read).collect()
-}
-
-/// A tensor's values as a vector (without a copy where the tensor holds its buffer alone).
-fn owned(data: TensorData) -> Vec<f32> {
-    data.into_vec::<f32>()
-        .expect("the fused dynamics run on f32 tensors only")
-}
-
-fn tensor<B: Backend>(data: Vec<f32>, device: &B::Device) -> Tensor<B, 1> {
-    let n = data.len();
-    Tensor::from_data(TensorData::new(data, [n]), device)
 }
 
 /// The kernel without autodiff.
