@@ -112,8 +112,8 @@ pub(crate) fn gemm(
 /// `eˣ` lane by lane, within 2 ulp: Cody–Waite reduction `x = n·ln 2 + r` and a degree-6
 /// polynomial for `eʳ` (Cephes' `expf` coefficients), `2ⁿ` built in the exponent bits. `−∞` and
 /// anything below `ln` of the smallest normal float give 0; NaN stays NaN; above `ln f32::MAX` it
-/// saturates near `f32::MAX`, not at `∞` (the kernel's arguments are scores less their row's
-/// maximum or log-normaliser: at most a rounding above 0).
+/// saturates near `f32::MAX`, not at `∞`, which keeps `1/(1 + eˣ)` (SiLU's σ, the affine scale's
+/// tanh) at its limit 0 for large arguments.
 #[inline(always)]
 pub(crate) fn exp<S: pulp::Simd>(simd: S, x: S::f32s) -> S::f32s {
     const LOWEST: f32 = -87.33; // just above ln(f32::MIN_POSITIVE)
@@ -169,8 +169,9 @@ pub(crate) fn exp_in_place(values: &mut [f32]) {
     pulp::Arch::new().dispatch(ExpInPlace(values));
 }
 
-/// `erf(x)` lane by lane, within 1e-6: `x·P(x²)/Q(x²)` on `x` clamped to `[−4, 4]` (beyond which
-/// `erf` is `±1` in `f32`), the rational approximation of Eigen's `generic_fast_erf_float`.
+/// `erf(x)` lane by lane, within 1e-6: `x·P(x²)/Q(x²)` on `x` clamped to `[−4, 4]`, the rational
+/// approximation of Eigen's `generic_fast_erf_float`. Beyond the clamp it gives `±0.9999999`
+/// (true `erf` is `±1` in `f32` there), so exact GELU at `x ≤ −5.7` is `~6e-8·x`, not 0.
 #[inline(always)]
 pub(crate) fn erf<S: pulp::Simd>(simd: S, x: S::f32s) -> S::f32s {
     let splat = |c: f32| simd.splat_f32s(c);

@@ -13,8 +13,8 @@ use coupled_qk::{CouplingNet, CouplingNetConfig, DynamicsConfig, QkDynamics, Ste
 use std::sync::Arc;
 
 const HEADS: usize = 3;
-/// Enough tokens for several of the kernel's chunks (256 rows each), so that the chunks'
-/// parameter gradients are summed.
+/// Enough rows (tokens × heads, 900) for two of the kernels' chunks (512 rows, rounded up to
+/// whole tokens), so that the chunks' parameter gradients are summed.
 const SHAPE: [usize; 4] = [2, 150, HEADS, 8];
 
 fn randomize<B: Backend>(net: &mut CouplingNet<B>, device: &B::Device) {
@@ -113,15 +113,16 @@ fn values<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
 fn outputs_and_grads<B: AutodiffBackend>(
     dynamics: &QkDynamics<B>,
     fused: bool,
+    shape: [usize; 4],
 ) -> Vec<(String, Vec<f32>)> {
     let device = Default::default();
     B::seed(&device, 7);
     let normal = Distribution::Normal(0.0, 1.0);
-    let q = Tensor::<B, 4>::random(SHAPE, normal, &device).require_grad();
-    let k = Tensor::<B, 4>::random(SHAPE, normal, &device).require_grad();
+    let q = Tensor::<B, 4>::random(shape, normal, &device).require_grad();
+    let k = Tensor::<B, 4>::random(shape, normal, &device).require_grad();
     let (a, b) = (
-        Tensor::<B, 4>::random(SHAPE, normal, &device),
-        Tensor::<B, 4>::random(SHAPE, normal, &device),
+        Tensor::<B, 4>::random(shape, normal, &device),
+        Tensor::<B, 4>::random(shape, normal, &device),
     );
     let (q1, k1) = if fused {
         dynamics.forward(q.clone(), k.clone())
@@ -179,8 +180,8 @@ fn fused_equals_tensor_ops<B: AutodiffBackend>() {
     let device = Default::default();
     for (config, n_nets, per_head_dt) in cases() {
         let dynamics = dynamics::<B>(&config, n_nets, per_head_dt, &device);
-        let fused = outputs_and_grads(&dynamics, true);
-        let reference = outputs_and_grads(&dynamics, false);
+        let fused = outputs_and_grads(&dynamics, true, SHAPE);
+        let reference = outputs_and_grads(&dynamics, false, SHAPE);
         for ((name, got), (_, expected)) in fused.into_iter().zip(reference) {
             let what = format!("{config}, {n_nets} nets, dt per head {per_head_dt}: {name}");
             assert!(expected.iter().any(|&x| x != 0.0), "{what}: all zero");
@@ -284,9 +285,45 @@ fn a_users_integrator_runs_fused_with_the_tensor_ops_values_and_gradients() {
     let device = Default::default();
     let dynamics = dynamics::<B>(&DynamicsConfig::euler(2), 1, true, &device)
         .with_integrator(Arc::new(SymplecticEuler));
-    let fused = outputs_and_grads(&dynamics, true);
-    let reference = outputs_and_grads(&dynamics, false);
+    let fused = outputs_and_grads(&dynamics, true, SHAPE);
+    let reference = outputs_and_grads(&dynamics, false, SHAPE);
     for ((name, got), (_, expected)) in fused.into_iter().zip(reference) {
         assert_close(got, expected, &format!("symplectic Euler: {name}"));
+    }
+}
+
+/// The parameters' gradients are summed over chunks in a fixed order: the fused path gives the
+/// same bits on one thread as on three (resume's bitwise exactness needs it).
+#[test]
+fn fused_gradients_are_the_same_bits_at_any_thread_count() {
+    type B = Autodiff<Flex>;
+    let device = Default::default();
+    // 4 × 200 tokens × 3 heads: 2,400 rows, five chunks.
+    let shape = [4, 200, HEADS, SHAPE[3]];
+    for config in [
+        DynamicsConfig::euler(1),
+        DynamicsConfig::Affine {
+            layers: 1,
+            coupled: true,
+        },
+    ] {
+        let dynamics = dynamics::<B>(&config, HEADS, false, &device);
+        let on = |threads: usize| {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            pool.install(|| outputs_and_grads(&dynamics, true, shape))
+        };
+        let bits = |values: Vec<(String, Vec<f32>)>| {
+            values
+                .into_iter()
+                .map(|(name, v)| (name, v.into_iter().map(f32::to_bits).collect::<Vec<_>>()))
+                .collect::<Vec<_>>()
+        };
+        let (one, three) = (bits(on(1)), bits(on(3)));
+        for ((name, a), (_, b)) in one.iter().zip(&three) {
+            assert!(a == b, "{config}: {name} differs between 1 and 3 threads");
+        }
     }
 }

@@ -33,9 +33,10 @@ struct Args {
     /// The baseline trained longer.
     #[arg(long, default_value = "standard")]
     baseline: AttentionVariant,
-    /// The baseline's budget as a multiple of the coupled run's.
-    #[arg(long, default_value_t = 3)]
-    factor: usize,
+    /// The baseline's budget as a multiple of the coupled run's steps (a real number: `1.25`
+    /// matches a coupled step that takes 1.25× the time of the baseline's).
+    #[arg(long, default_value_t = 3.0)]
+    factor: f64,
     /// Seeds.
     #[arg(long, value_delimiter = ',', default_value = "0")]
     seeds: Vec<u64>,
@@ -60,8 +61,13 @@ fn main() {
 }
 
 fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
-    if args.factor < 1 {
-        return Err("--factor must be at least 1".into());
+    if !args.factor.is_finite() || args.factor < 1.0 {
+        return Err(format!(
+            "--factor {} must be a finite number of at least 1 (the baseline's steps as a multiple \
+             of the coupled run's)",
+            args.factor
+        )
+        .into());
     }
     args.budget
         .check(&[args.coupled.clone(), args.baseline.clone()])?;
@@ -83,7 +89,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         let mut long = args
             .budget
             .train_config(corpus.vocab_size, &args.baseline, seed);
-        long.max_steps = coupled.max_steps * args.factor;
+        long.max_steps = (coupled.max_steps as f64 * args.factor).round() as usize;
         long.eval_every = coupled.eval_every;
         long.warmup_steps = coupled.warmup_steps;
         long.checkpoint_every = (long.max_steps / 4).max(1);
@@ -105,7 +111,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let mut md = format!(
         "# Compute-matched comparison on {}\n\n`{}` for {} tokens against `{}` for {}× as many. Command: \
          `{}`\n\n\
-         | seed | {} final val loss | tokens | wall s | {} reaches it at tokens | wall s | token ratio | wall-clock ratio |\n|---|---|---|---|---|---|---|---|\n",
+         | seed | {} final val loss | tokens | wall s | {} reaches it at tokens | wall s | token ratio | wall-clock ratio | {} final val loss | coupled − baseline |\n|---|---|---|---|---|---|---|---|---|---|\n",
         corpus.name,
         args.coupled,
         coupled_tokens,
@@ -114,6 +120,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         command_line("compute_matched"),
         args.coupled,
         args.baseline,
+        baseline_label,
     );
     let mut rows = Vec::new();
     for &seed in &args.seeds {
@@ -142,12 +149,17 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         };
         let _ = writeln!(
             md,
-            "| {seed} | {:.4} | {} | {:.0} | {tokens} | {wall} | {token_ratio} | {wall_ratio} |",
-            c.val_loss, c.tokens, c.wall_s
+            "| {seed} | {:.4} | {} | {:.0} | {tokens} | {wall} | {token_ratio} | {wall_ratio} | {:.4} | {:+.4} |",
+            c.val_loss,
+            c.tokens,
+            c.wall_s,
+            b.val_loss,
+            c.val_loss - b.val_loss
         );
         rows.push(serde_json::json!({
             "seed": seed, "coupled_loss": c.val_loss, "coupled_tokens": c.tokens, "coupled_wall_s": c.wall_s,
             "baseline_tokens_to_match": reached.map(|r| r.0), "baseline_wall_s_to_match": reached.map(|r| r.1),
+            "baseline_loss": b.val_loss, "baseline_tokens": b.tokens,
         }));
     }
     md.push_str(

@@ -13,7 +13,7 @@ use super::net::{self, Layout, NetGrads, NetWeights, Scratch};
 use crate::host_math::exp_in_place;
 use rayon::prelude::*;
 
-/// Rows (tokens × heads) per chunk.
+/// Rows (tokens × heads) per chunk, rounded up to whole tokens.
 const CHUNK_ROWS: usize = 512;
 
 /// One affine move of nets on host slices.
@@ -93,7 +93,10 @@ impl AffineMove<'_> {
             .zip(x.par_chunks(chunk).zip(by.par_chunks(chunk)))
             .zip(grad_y.par_chunks(chunk))
             .map(|(((gx, gby), (x, by)), gy)| self.backward_chunk(x, by, gy, gx, gby))
-            .reduce(zeros, |[mut s, mut t], [other_s, other_t]| {
+            .collect::<Vec<_>>()
+            // Summed in chunk order: the same bits at any thread count (see `coupled.rs`).
+            .into_iter()
+            .fold(zeros(), |[mut s, mut t], [other_s, other_t]| {
                 s.add(&other_s);
                 t.add(&other_t);
                 [s, t]

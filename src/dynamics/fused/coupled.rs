@@ -7,8 +7,8 @@ use super::net::{self, Group, Layout, NetGrads, NetWeights, Scratch};
 use super::program::{Move, Program};
 use rayon::prelude::*;
 
-/// Rows (tokens × heads) per chunk: a chunk's states and forces, a few of `rows × d_head`
-/// floats each, stay in a core's L2 cache.
+/// Rows (tokens × heads) per chunk, rounded up to whole tokens: with a few steps, a chunk's
+/// states and forces (`rows × d_head` floats each) stay in a core's L2 cache.
 const CHUNK_ROWS: usize = 512;
 
 /// The coupled dynamics of one layer on host slices.
@@ -118,7 +118,12 @@ impl Coupled<'_> {
             .zip(gk.par_chunks_mut(chunk))
             .zip(q.par_chunks(chunk).zip(k.par_chunks(chunk)))
             .map(|((gq, gk), (q, k))| self.backward_chunk(q, k, gq, gk))
-            .reduce(zeros, |(mut net, mut dt), (other_net, other_dt)| {
+            .collect::<Vec<_>>()
+            // Summed in chunk order, not in rayon's reduction tree (which depends on the thread
+            // count and on work stealing): the parameters' gradients are the same bits at any
+            // thread count, as resume's exactness needs.
+            .into_iter()
+            .fold(zeros(), |(mut net, mut dt), (other_net, other_dt)| {
                 net.add(&other_net);
                 dt.iter_mut().zip(other_dt).for_each(|(a, b)| *a += b);
                 (net, dt)

@@ -6,8 +6,8 @@
 //! elementwise op), and autodiff keeps every intermediate. Here the coupled dynamics (any
 //! integrator, any number of steps) is one op and each move of an affine layer one: chunks of tokens go
 //! through every move in cache, the nets' products run on `gemm` and their exponentials
-//! vectorised, and the backward pass recomputes the nets' hidden activations from the inputs,
-//! so the graph keeps `q`, `k` and the output only.
+//! vectorised, and the backward pass recomputes the trajectory and the nets' hidden activations
+//! from the op's inputs (`q`, `k`, the nets' parameters, `dt`), which are all the graph keeps.
 //!
 //! The arithmetic is that of the tensor-op path ([`CoupledDynamics::forward_with_tensor_ops`],
 //! [`AffineCoupling::forward_with_tensor_ops`]), which the tests compare with, values and every
@@ -58,12 +58,17 @@ fn layout<B: Backend>(net: &CouplingNet<B>, q: &Tensor<B, 4>, k: &Tensor<B, 4>) 
     let fits = k.dims() == q.dims()
         && d_in == d
         && (n_nets == 1 || n_nets == heads)
-        && [batch, seq, heads, d, hidden].iter().all(|&n| n > 0);
+        && [batch, seq, heads, d, hidden].iter().all(|&n| n > 0)
+        && net.b1.dims() == [n_nets, hidden]
+        && net.w2.dims() == [n_nets, hidden, d]
+        && net.b2.dims() == [n_nets, d];
     let f32s = [
         q.dtype(),
         k.dtype(),
         net.w1.val().dtype(),
+        net.b1.val().dtype(),
         net.w2.val().dtype(),
+        net.b2.val().dtype(),
     ]
     .iter()
     .all(|&t| t == DType::F32);
@@ -93,8 +98,8 @@ fn net_inputs<B: Backend>(net: &CouplingNet<B>) -> [Tensor<B, 1>; 4] {
 fn split<B: Backend>(out: Tensor<B, 1>, dims: [usize; 4]) -> (Tensor<B, 4>, Tensor<B, 4>) {
     let n = dims.iter().product::<usize>();
     (
-        out.clone().slice([0..n]).reshape(dims),
-        out.slice([n..2 * n]).reshape(dims),
+        out.clone().narrow(0, 0, n).reshape(dims),
+        out.narrow(0, n, n).reshape(dims),
     )
 }
 
@@ -143,7 +148,9 @@ pub(super) fn affine_layer<B: Backend>(
     let same = |net: &&CouplingNet<B>| {
         net.w1.dims() == nets[0].w1.dims() && self::layout(net, q, k).is_some()
     };
-    if !nets.iter().all(same) || !(coupling.scale_bound > 0.0) {
+    // Written so that a NaN bound also falls back to the tensor-op path.
+    let bound_positive = coupling.scale_bound > 0.0;
+    if !nets.iter().all(same) || !bound_positive {
         return None;
     }
     let kernel = Kernel::AffineMove {

@@ -163,7 +163,7 @@ impl Scratch {
     }
 }
 
-/// `out = f(x)` over a group's rows of the chunk buffers `x` and `out` (the group's other rows
+/// `out = f(x)` over a group's rows of the chunk buffers `x` and `out` (the other groups' rows
 /// of `out` are left as they are).
 pub(crate) fn forward(
     weights: &NetWeights,
@@ -194,6 +194,8 @@ pub(crate) fn forward(
 
 /// The backward pass of [`forward`] over a group's rows: given the gradient `grad_out` of
 /// `f(x)`, adds the gradient of `x` to `grad_x` and those of the parameters to `grads`.
+// The arguments are the gemm operands and their destinations; a struct would only rename them.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn backward(
     weights: &NetWeights,
     layout: &Layout,

@@ -1,7 +1,7 @@
 //! The fused kernels as Burn ops: a plain function for inference backends and one custom
 //! autodiff op for `Autodiff<B, C>` (the pattern of Burn's
-//! `examples/custom-cubecl-kernel/src/backward.rs`), whose backward pass recomputes the nets'
-//! hidden activations from the inputs it keeps.
+//! `examples/custom-cubecl-kernel/src/backward.rs`), whose backward pass recomputes what it needs
+//! (the coupled trajectory, the nets' hidden activations) from the inputs it keeps.
 //!
 //! Every input and output travels flattened to rank 1, with the shapes in the [`Kernel`].
 
@@ -152,8 +152,8 @@ impl<B: Backend, const N: usize> Backward<B, N> for FusedBackward {
         // The leading inputs' gradients as views of one tensor: no copy.
         let leading = tensor::<B>(input_grads.leading, &device);
         let part = leading.dims()[0] / input_grads.leading_inputs;
-        let leading = (0..input_grads.leading_inputs)
-            .map(|i| leading.clone().slice([i * part..(i + 1) * part]));
+        let leading =
+            (0..input_grads.leading_inputs).map(|i| leading.clone().narrow(0, i * part, part));
         let rest = input_grads
             .rest
             .into_iter()
