@@ -58,20 +58,7 @@ fn random<const R: usize>(shape: [usize; R], seed: u64) -> Tensor<Ad, R> {
 }
 
 fn random_on<B: Backend, const R: usize>(shape: [usize; R], seed: u64) -> Tensor<B, R> {
-    let n: usize = shape.iter().product();
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    let values: Vec<f32> = (0..n)
-        .map(|_| {
-            state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = state;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^= z >> 31;
-            let unit = (z >> 11) as f64 / (1u64 << 53) as f64; // [0, 1)
-            (2.6 * (2.0 * unit - 1.0)) as f32 // uniform, std 1.5
-        })
-        .collect();
-    Tensor::from_data(TensorData::new(values, shape), &Default::default())
+    common::fixed_uniform(shape, seed, 2.6, &Default::default()) // std 1.5
 }
 
 fn targets<B: Backend>(device: &B::Device) -> Tensor<B, 1, Int> {

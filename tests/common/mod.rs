@@ -98,3 +98,28 @@ pub fn det(mut m: Vec<Vec<f64>>) -> f64 {
     }
     det
 }
+
+/// f32 values uniform in `[−half_width, half_width)` from `seed` alone (splitmix64), on
+/// `device`: the backend's generator is global, and a test running at once in another thread
+/// could reseed it between a seed and a draw.
+pub fn fixed_uniform<B: Backend, const R: usize>(
+    shape: [usize; R],
+    seed: u64,
+    half_width: f64,
+    device: &B::Device,
+) -> Tensor<B, R> {
+    let n: usize = shape.iter().product();
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let values: Vec<f32> = (0..n)
+        .map(|_| {
+            state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^= z >> 31;
+            let unit = (z >> 11) as f64 / (1u64 << 53) as f64; // [0, 1)
+            (half_width * (2.0 * unit - 1.0)) as f32
+        })
+        .collect();
+    Tensor::from_data(TensorData::new(values, shape), device)
+}

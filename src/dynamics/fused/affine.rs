@@ -86,7 +86,6 @@ impl AffineMove<'_> {
         let chunk = self.chunk_len();
         let mut grad_x = vec![0.0; x.len()];
         let mut grad_by = vec![0.0; x.len()];
-        let zeros = || [NetGrads::zeros(&self.layout), NetGrads::zeros(&self.layout)];
         let nets = grad_x
             .par_chunks_mut(chunk)
             .zip(grad_by.par_chunks_mut(chunk))
@@ -96,11 +95,14 @@ impl AffineMove<'_> {
             .collect::<Vec<_>>()
             // Summed in chunk order: the same bits at any thread count (see `coupled.rs`).
             .into_iter()
-            .fold(zeros(), |[mut s, mut t], [other_s, other_t]| {
-                s.add(&other_s);
-                t.add(&other_t);
-                [s, t]
-            });
+            .fold(
+                [NetGrads::zeros(&self.layout), NetGrads::zeros(&self.layout)],
+                |[mut s, mut t], [other_s, other_t]| {
+                    s.add(&other_s);
+                    t.add(&other_t);
+                    [s, t]
+                },
+            );
         AffineMoveGrads {
             x: grad_x,
             by: grad_by,

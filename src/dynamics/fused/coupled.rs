@@ -112,7 +112,6 @@ impl Coupled<'_> {
         let (heads, d) = (self.layout.heads, self.layout.d);
         let chunk = self.tokens_per_chunk() * heads * d;
         let (gq, gk) = grad.split_at_mut(q.len());
-        let zeros = || (NetGrads::zeros(&self.layout), vec![0.0f64; self.dt.len()]);
         let (net, dt) = gq
             .par_chunks_mut(chunk)
             .zip(gk.par_chunks_mut(chunk))
@@ -123,11 +122,14 @@ impl Coupled<'_> {
             // count and on work stealing): the parameters' gradients are the same bits at any
             // thread count, as resume's exactness needs.
             .into_iter()
-            .fold(zeros(), |(mut net, mut dt), (other_net, other_dt)| {
-                net.add(&other_net);
-                dt.iter_mut().zip(other_dt).for_each(|(a, b)| *a += b);
-                (net, dt)
-            });
+            .fold(
+                (NetGrads::zeros(&self.layout), vec![0.0f64; self.dt.len()]),
+                |(mut net, mut dt), (other_net, other_dt)| {
+                    net.add(&other_net);
+                    dt.iter_mut().zip(other_dt).for_each(|(a, b)| *a += b);
+                    (net, dt)
+                },
+            );
         CoupledGrads {
             q_and_k: grad,
             net,
