@@ -115,11 +115,16 @@ fn abort_job_on_panic(name: String, watch: Arc<Watch>) {
             "error: {name} panicked: aborting the job (the run folder keeps its last checkpoint \
              to resume from)"
         );
-        // The launcher forwards each rank's output asynchronously, and an abort can cut off what
-        // it has not forwarded yet: a moment for the messages to leave first.
-        std::thread::sleep(Duration::from_millis(300));
-        SimpleCommunicator::world().abort(4);
+        abort_world_after_output(4);
     }));
+}
+
+/// Aborts every rank with `code`. The launcher forwards each rank's output asynchronously, and an
+/// abort can cut off what it has not forwarded yet: the message just printed is given a moment to
+/// leave first.
+fn abort_world_after_output(code: i32) -> ! {
+    std::thread::sleep(Duration::from_millis(500));
+    SimpleCommunicator::world().abort(code)
 }
 
 fn watchdog(watch: &Watch, timeout: Duration, name: &str, can_abort: bool) {
@@ -137,7 +142,7 @@ fn watchdog(watch: &Watch, timeout: Duration, name: &str, can_abort: bool) {
                 since.elapsed().as_secs_f64()
             );
             if can_abort {
-                SimpleCommunicator::world().abort(3);
+                abort_world_after_output(3);
             }
             std::process::exit(3);
         }
