@@ -25,7 +25,7 @@ while IFS= read -r summary; do
   run="$(dirname "$summary")"
   out="$dest/${run#"$src"/}"
   mkdir -p "$out"
-  for file in config.json summary.json metrics.csv dynamics.csv loss.svg dynamics.svg; do
+  for file in config.json summary.json metrics.csv dynamics.csv attention.csv loss.svg dynamics.svg attention.svg; do
     [ -f "$run/$file" ] || continue
     cp "$run/$file" "$out/.$file.tmp"
     mv "$out/.$file.tmp" "$out/$file"

@@ -291,6 +291,30 @@ fn every_block_reports_what_its_dynamics_do() {
     }
 }
 
+/// Each block's attention maps: its heads' (both softmax maps of each differential head: with 3
+/// heads, 3 differential heads of half-width maps), causal rows summing to 1.
+#[test]
+fn every_block_gives_its_attention_maps() {
+    let device = Default::default();
+    let input = tokens(&[1, 5, 9, 2, 7, 3, 8, 4], 2);
+    for (name, heads, maps) in [("euler1", 2, 2), ("diff+affine1", 2, 2), ("diff", 3, 6)] {
+        let model = GptConfig::new(32, 24, 2, heads, 8)
+            .with_attention(name.parse().unwrap())
+            .init::<B>(&device);
+        let blocks = model.attention_maps(input.clone());
+        assert_eq!(blocks.len(), 2, "{name}");
+        for block in blocks {
+            assert_eq!(block.dims(), [2, maps, 4, 4], "{name}");
+            let values = block.into_data().to_vec::<f32>().unwrap();
+            for (row, weights) in values.chunks(4).enumerate() {
+                let sum: f32 = weights.iter().sum();
+                assert!((sum - 1.0).abs() < 1e-5, "{name} row {row}: {weights:?}");
+                assert!(weights[row % 4 + 1..].iter().all(|&w| w == 0.0), "{name}");
+            }
+        }
+    }
+}
+
 #[test]
 fn cached_decoding_gives_the_full_forward_logits_for_every_variant() {
     use coupled_qk::model::GptCache;

@@ -16,7 +16,7 @@
 use clap::Parser;
 use coupled_qk_lab::experiment::{ExperimentArgs, parse_args};
 use coupled_qk_lab::suite::{
-    Budget, ablation_table, aggregate, command_line, dynamics_table, paired_table,
+    Budget, ablation_table, aggregate, attention_table, command_line, dynamics_table, paired_table,
     paired_to_baselines, parse_variants, seed_table, spread_table, spread_tests, write_report,
 };
 use std::path::PathBuf;
@@ -121,11 +121,15 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
          baseline's, and the F test of their ratio (two-sided; a p below 0.05 is a spread the seeds \
          resolve).\n\n{}\n\
          ## Dynamics at the end of training\n\nFrom each run's last evaluation (`dynamics.csv`, on one \
-         validation batch), mean over seeds.\n\n{}\n## Per seed\n\n{}",
+         validation batch), mean over seeds.\n\n{}\n\
+         ## Attention at the end of training\n\nThe attention diagnostics of each run's last evaluation \
+         (`attention.csv`: the first 128 positions of 4 validation windows, over heads), mean over \
+         seeds: how close attention is to uniform and to rank one.\n\n{}\n## Per seed\n\n{}",
         ablation_table(&aggregates, &corpus.name),
         paired_table(&paired_all),
         spread_table(&spreads),
         dynamics_table(results),
+        attention_table(results),
         seed_table(results)
     );
     write_report(

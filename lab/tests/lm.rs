@@ -9,9 +9,9 @@ use burn::tensor::Tensor;
 use coupled_qk::model::{GptConfig, Preset};
 use coupled_qk_lab::data::{TokenIds, TokenStream, TokenizedCorpus, TrainWindows};
 use coupled_qk_lab::lm::{
-    DYNAMICS_HEADER, DynamicsRow, HEADER, LossKind, MetricsRow, RecordedChange, RunConfig,
-    RunOptions, TrainConfig, TrainError, batch_gradients, differing_fields, list_checkpoints,
-    read_metrics, train, train_on_devices, train_with,
+    ATTENTION_HEADER, AttentionRow, DYNAMICS_HEADER, DynamicsRow, EvalRow, HEADER, LossKind,
+    MetricsRow, RecordedChange, RunConfig, RunOptions, TrainConfig, TrainError, batch_gradients,
+    differing_fields, list_checkpoints, read_metrics, train, train_on_devices, train_with,
 };
 mod support;
 
@@ -166,6 +166,28 @@ fn a_tiny_run_learns_and_writes_every_output() {
     }
     assert_eq!(summary.dynamics, rows[8..]);
     let svg = std::fs::read_to_string(dir.join("dynamics.svg")).unwrap();
+    assert!(svg.contains("layer 3"));
+
+    // The attention diagnostics beside them, at the same evaluations: within their bounds (the
+    // windows' first 128 positions, a causal map of full rank at most).
+    let attention = std::fs::read_to_string(dir.join("attention.csv")).unwrap();
+    let mut lines = attention.lines();
+    assert_eq!(lines.next(), Some(ATTENTION_HEADER));
+    let rows: Vec<AttentionRow> = lines.map(|l| AttentionRow::parse(l).unwrap()).collect();
+    let at: Vec<(usize, usize)> = rows.iter().map(|r| (r.step, r.layer)).collect();
+    assert_eq!(at, expected);
+    for r in &rows {
+        let d = r.diagnostics;
+        assert!(
+            d.entropy > 0.0 && (0.0..=1.0).contains(&d.normalised_entropy),
+            "{r:?}"
+        );
+        assert!((0.0..1.0).contains(&d.distance_from_uniform), "{r:?}");
+        assert!((1.0..=128.0).contains(&d.effective_rank), "{r:?}");
+        assert!(d.leading_ratio >= 1.0, "{r:?}");
+    }
+    assert_eq!(summary.attention, rows[8..]);
+    let svg = std::fs::read_to_string(dir.join("attention.svg")).unwrap();
     assert!(svg.contains("layer 3"));
 }
 

@@ -70,6 +70,7 @@ fn cell(variant: &str, seed: u64, ppl: f64) -> CellResult {
         extra_params: 0,
         curve: vec![],
         dynamics: vec![],
+        attention: vec![],
         dir: Default::default(),
     }
 }
@@ -321,6 +322,39 @@ fn the_dynamics_table_averages_each_layer_over_seeds() {
             "| c | euler1 | 0 | 2 | 0.300 | 0.060 | 0.030 | -0.200 |",
             "| c | euler1 | 1 | 2 | 0.200 | 0.100 | 0.050 | +0.000 |",
             "| c | mlp-only | 0 | 1 | – | 0.500 | 0.250 | +0.500 |",
+        ]
+    );
+}
+
+#[test]
+fn the_attention_table_averages_each_layer_over_the_seeds_that_have_it() {
+    use coupled_qk_lab::lm::{AttentionDiagnostics, AttentionRow};
+    use coupled_qk_lab::suite::attention_table;
+    let row = |layer: usize, rank: f64, ratio: f64| AttentionRow {
+        step: 100,
+        layer,
+        diagnostics: AttentionDiagnostics {
+            entropy: 2.0,
+            normalised_entropy: rank / 100.0,
+            effective_rank: rank,
+            leading_ratio: ratio,
+            distance_from_uniform: 0.5,
+        },
+    };
+    let mut a = cell("euler1", 0, 8.0);
+    a.attention = vec![row(0, 40.0, 2.0), row(1, 20.0, 3.0)];
+    let mut b = cell("euler1", 1, 8.0);
+    b.attention = vec![row(0, 60.0, 8.0)];
+    // A run made before the diagnostics: no rows, counted nowhere.
+    let old = cell("euler1", 2, 8.0);
+    let table = attention_table(&[a, b, old]);
+    let lines: Vec<&str> = table.lines().skip(2).collect();
+    // Layer 0: rank (40 + 60)/2, σ₁/σ₂ the geometric mean of 2 and 8.
+    assert_eq!(
+        lines,
+        [
+            "| c | euler1 | 0 | 2 | 0.500 | 0.500 | 50.0 | 4.00 |",
+            "| c | euler1 | 1 | 1 | 0.200 | 0.500 | 20.0 | 3.00 |",
         ]
     );
 }

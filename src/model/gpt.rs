@@ -330,20 +330,49 @@ impl<B: Backend> Gpt<B> {
     /// # Panics
     /// If `seq` exceeds the context.
     pub fn dynamics_stats(&self, tokens: Tensor<B, 2, Int>) -> Vec<DynamicsStats> {
+        self.probe_blocks(tokens, |attention, x| match attention {
+            BlockAttention::Coupled(attention) => attention.dynamics_stats(x),
+            BlockAttention::Differential(attention) => attention.dynamics_stats(x),
+        })
+    }
+
+    /// The attention weights each block scores `tokens` with (see
+    /// [`CoupledQkAttention::attention_maps`] and [`DifferentialAttention::attention_maps`]): one
+    /// entry per block, causal, rows summing to 1. A diagnostic of what attention does (its
+    /// entropy, rank, singular values): one forward pass, no gradients needed.
+    ///
+    /// # Shapes
+    /// - `tokens`: `[batch, seq]`, `seq <= context`
+    /// - each entry: `[batch, maps, seq, seq]`, `maps` the heads; for differential attention
+    ///   both softmax maps of each of its heads
+    ///   ([`differential_heads`](crate::model::GptConfig::differential_heads))
+    ///
+    /// # Panics
+    /// If `seq` exceeds the context.
+    pub fn attention_maps(&self, tokens: Tensor<B, 2, Int>) -> Vec<Tensor<B, 4>> {
+        self.probe_blocks(tokens, |attention, x| match attention {
+            BlockAttention::Coupled(attention) => attention.attention_maps(x),
+            BlockAttention::Differential(attention) => attention.attention_maps(x),
+        })
+    }
+
+    /// `probe` of each block's attention on the input it sees (after the block's norm), block by
+    /// block through the model.
+    fn probe_blocks<T>(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        probe: impl Fn(&BlockAttention<B>, Tensor<B, 3>) -> T,
+    ) -> Vec<T> {
         let mut x = self.embed(tokens, 0);
-        let mut stats = Vec::with_capacity(self.blocks.len());
+        let mut found = Vec::with_capacity(self.blocks.len());
         for block in &self.blocks {
-            stats.push(match &block.attention {
-                BlockAttention::Coupled(attention) => {
-                    attention.dynamics_stats(block.norm_attention.forward(x.clone()))
-                }
-                BlockAttention::Differential(attention) => {
-                    attention.dynamics_stats(block.norm_attention.forward(x.clone()))
-                }
-            });
+            found.push(probe(
+                &block.attention,
+                block.norm_attention.forward(x.clone()),
+            ));
             x = block.forward(x);
         }
-        stats
+        found
     }
 
     /// The parameters the attention variant adds over the same model with standard attention:

@@ -2,11 +2,11 @@
 //! measured at every evaluation on the first validation batch (see
 //! [`Gpt::dynamics_stats`](coupled_qk::model::Gpt::dynamics_stats)).
 
-use super::TrainError;
 use super::csv_row::{RowError, fields, number};
+use super::eval_log::{EvalLog, EvalRow};
 use crate::plot::{Chart, Line, PlotError, write_charts};
 use coupled_qk::DynamicsStats;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// The header of `dynamics.csv`, exactly. `dt` is the mean over heads (empty without coupled
 /// dynamics), `dt_heads` every head's, separated by `;`.
@@ -30,9 +30,21 @@ impl DynamicsRow {
         let dt = &self.stats.dt;
         (!dt.is_empty()).then(|| dt.iter().sum::<f64>() / dt.len() as f64)
     }
+}
 
-    /// The CSV line, without its newline.
-    pub fn to_csv(&self) -> String {
+impl EvalRow for DynamicsRow {
+    type Stats = DynamicsStats;
+    const HEADER: &'static str = DYNAMICS_HEADER;
+
+    fn new(step: usize, layer: usize, stats: DynamicsStats) -> Self {
+        DynamicsRow { step, layer, stats }
+    }
+
+    fn step(&self) -> usize {
+        self.step
+    }
+
+    fn to_csv(&self) -> String {
         let s = &self.stats;
         let heads: Vec<String> = s.dt.iter().map(f64::to_string).collect();
         format!(
@@ -48,11 +60,7 @@ impl DynamicsRow {
         )
     }
 
-    /// Parses a line written by [`to_csv`](Self::to_csv).
-    ///
-    /// # Errors
-    /// A row of another field count, or a field that is not a number.
-    pub fn parse(line: &str) -> Result<Self, RowError> {
+    fn parse(line: &str) -> Result<Self, RowError> {
         let f = fields(line, 8)?;
         let dt = match f[3] {
             "" => Vec::new(),
@@ -75,73 +83,8 @@ impl DynamicsRow {
     }
 }
 
-/// `dynamics.csv` of a run: its rows in memory, the file rewritten atomically after each
-/// evaluation (a few rows per evaluation, so rewriting costs nothing and never tears a row).
-pub struct DynamicsLog {
-    path: PathBuf,
-    rows: Vec<DynamicsRow>,
-}
-
-impl DynamicsLog {
-    /// A fresh log, or on resume the rows of `path` up to step `last_step` (rows past it belong to
-    /// steps that will run again; unreadable rows are dropped with a warning: the file is a
-    /// diagnostic, not the run's record).
-    pub fn open(path: &Path, resume_from: Option<usize>) -> Result<Self, TrainError> {
-        let mut rows = Vec::new();
-        if let Some(last_step) = resume_from
-            && let Ok(text) = std::fs::read_to_string(path)
-        {
-            for (i, line) in text.lines().enumerate().skip(1) {
-                match DynamicsRow::parse(line) {
-                    Ok(row) if row.step <= last_step => rows.push(row),
-                    Ok(_) => {}
-                    Err(e) => eprintln!("warning: {} line {}: {e}; dropped", path.display(), i + 1),
-                }
-            }
-        }
-        let log = DynamicsLog {
-            path: path.to_path_buf(),
-            rows,
-        };
-        log.write()?;
-        Ok(log)
-    }
-
-    /// The rows so far.
-    pub fn rows(&self) -> &[DynamicsRow] {
-        &self.rows
-    }
-
-    /// Records one evaluation: a row per layer.
-    pub fn record(&mut self, step: usize, layers: Vec<DynamicsStats>) -> Result<(), TrainError> {
-        for (layer, stats) in layers.into_iter().enumerate() {
-            self.rows.push(DynamicsRow { step, layer, stats });
-        }
-        self.write()
-    }
-
-    /// The newest row of each layer, in layer order.
-    pub fn last(&self) -> Vec<DynamicsRow> {
-        let Some(step) = self.rows.last().map(|r| r.step) else {
-            return Vec::new();
-        };
-        self.rows
-            .iter()
-            .filter(|r| r.step == step)
-            .cloned()
-            .collect()
-    }
-
-    fn write(&self) -> Result<(), TrainError> {
-        let mut text = format!("{DYNAMICS_HEADER}\n");
-        for row in &self.rows {
-            text.push_str(&row.to_csv());
-            text.push('\n');
-        }
-        crate::atomic::write(&self.path, text.as_bytes())
-            .map_err(|e| TrainError::io("write", &self.path, e))
-    }
-}
+/// `dynamics.csv` of a run.
+pub type DynamicsLog = EvalLog<DynamicsRow>;
 
 /// `dynamics.svg`: the mean `dt`, the relative changes of queries and keys, and the change of
 /// the attention entropy against standard attention, against step; one line per layer.

@@ -65,4 +65,8 @@ pub struct RunSummary {
     /// What each layer's dynamics did at the last evaluation (see `dynamics.csv`).
     #[serde(default)]
     pub dynamics: Vec<super::DynamicsRow>,
+    /// Each layer's attention diagnostics at the last evaluation (see `attention.csv`); empty in
+    /// the summaries of runs made before they were measured.
+    #[serde(default)]
+    pub attention: Vec<super::AttentionRow>,
 }

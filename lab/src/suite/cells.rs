@@ -3,8 +3,8 @@
 
 use crate::data::TokenizedCorpus;
 use crate::lm::{
-    DynamicsRow, RunConfig, RunOptions, RunSummary, TrainConfig, TrainError, differing_fields,
-    read_metrics, train_on_devices,
+    AttentionRow, DynamicsRow, RunConfig, RunOptions, RunSummary, TrainConfig, TrainError,
+    differing_fields, read_metrics, train_on_devices,
 };
 use coupled_qk::model::FusedOps;
 use std::path::{Path, PathBuf};
@@ -53,6 +53,10 @@ pub struct CellResult {
     /// plain differential attention move nothing).
     #[serde(default)]
     pub dynamics: Vec<DynamicsRow>,
+    /// Each layer's attention diagnostics at the last evaluation (empty for runs made before
+    /// they were measured).
+    #[serde(default)]
+    pub attention: Vec<AttentionRow>,
     /// The run folder.
     pub dir: PathBuf,
 }
@@ -236,6 +240,7 @@ pub fn run_cell<B: FusedOps>(
         extra_params: summary.extra_params,
         curve,
         dynamics: summary.dynamics,
+        attention: summary.attention,
         dir,
     })
 }

@@ -15,8 +15,8 @@ pub use cells::{
 };
 pub use plot::write_curves_plot;
 pub use report::{
-    PAPER_60M, ReportError, ablation_table, change_pct, command_line, dynamics_table, paired_table,
-    seed_table, spread_table, write_markdown, write_report,
+    PAPER_60M, ReportError, ablation_table, attention_table, change_pct, command_line,
+    dynamics_table, paired_table, seed_table, spread_table, write_markdown, write_report,
 };
 pub use spread::{SpreadTest, f_cdf, regularized_beta, spread_tests};
 pub use stats::{

@@ -2,7 +2,7 @@
 
 use super::{Aggregate, CellResult, mean_std};
 use crate::atomic;
-use crate::lm::DynamicsRow;
+use crate::lm::{AttentionDiagnostics, DynamicsRow};
 use crate::plot::PlotError;
 use std::fmt::Write;
 use std::path::Path;
@@ -145,6 +145,47 @@ pub fn dynamics_table(results: &[CellResult]) -> String {
                 mean(&|r| Some(r.stats.entropy - r.stats.entropy_standard)),
                 true
             ),
+        );
+    }
+    md
+}
+
+/// The attention diagnostics at the end of training (see `attention.csv`): per corpus, variant
+/// and layer, the mean over seeds of the normalised entropy, the distance from uniform, the
+/// effective rank and `σ₁ / σ₂` (its geometric mean). Cells without diagnostics (runs made before
+/// they were measured) are left out, and `seeds` says how many were averaged.
+pub fn attention_table(results: &[CellResult]) -> String {
+    let mut md = String::from(
+        "| corpus | variant | layer | seeds | entropy / uniform's | distance from uniform | effective rank | σ₁ / σ₂ |\n\
+         |---|---|---|---|---|---|---|---|\n",
+    );
+    let mut groups: Vec<(&str, &str, usize)> = Vec::new();
+    for r in results {
+        for row in &r.attention {
+            let key = (r.corpus.as_str(), r.variant.as_str(), row.layer);
+            if !groups.contains(&key) {
+                groups.push(key);
+            }
+        }
+    }
+    for (corpus, variant, layer) in groups {
+        let rows: Vec<&AttentionDiagnostics> = results
+            .iter()
+            .filter(|r| r.corpus == corpus && r.variant == variant)
+            .filter_map(|r| r.attention.iter().find(|row| row.layer == layer))
+            .map(|row| &row.diagnostics)
+            .collect();
+        let mean = |f: fn(&AttentionDiagnostics) -> f64| {
+            rows.iter().map(|d| f(d)).sum::<f64>() / rows.len() as f64
+        };
+        let _ = writeln!(
+            md,
+            "| {corpus} | {variant} | {layer} | {} | {:.3} | {:.3} | {:.1} | {:.2} |",
+            rows.len(),
+            mean(|d| d.normalised_entropy),
+            mean(|d| d.distance_from_uniform),
+            mean(|d| d.effective_rank),
+            mean(|d| d.leading_ratio.ln()).exp(),
         );
     }
     md

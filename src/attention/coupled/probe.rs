@@ -71,6 +71,22 @@ impl<B: Backend> CoupledQkAttention<B> {
             entropy_standard: mean_entropy(attention_weights(q0, k0, None, self.causal)),
         }
     }
+
+    /// The attention weights the layer scores `x` with: the softmax of its (evolved, rotated,
+    /// masked) queries against its keys, no padding mask. A diagnostic: what the runs' attention
+    /// diagnostics (entropy, effective rank, singular values) are computed from.
+    ///
+    /// # Shapes
+    /// - `x`: `[batch, seq, d_model]`
+    /// - output: `[batch, heads, seq, seq]`, rows summing to 1
+    ///
+    /// # Panics
+    /// If `x` is not `[batch, seq, d_model]`.
+    pub fn attention_maps(&self, x: Tensor<B, 3>) -> Tensor<B, 4> {
+        check_input("CoupledQkAttention::attention_maps", &x, self.d_model());
+        let (q, k, _) = self.project_with(x, 0, &self.dynamics);
+        attention_weights(q, k, None, self.causal)
+    }
 }
 
 #[cfg(test)]
@@ -125,6 +141,30 @@ mod tests {
             assert!(
                 stats.entropy_standard <= bound + 1e-6,
                 "{rotary:?}: {stats:?}"
+            );
+        }
+    }
+
+    /// The maps are the softmax of the scored states: rows sum to 1, and a causal row gives
+    /// nothing to later keys.
+    #[test]
+    fn attention_maps_are_causal_distributions() {
+        let device = Default::default();
+        let layer = CoupledQkAttentionConfig::new(8, 2)
+            .with_dynamics(DynamicsConfig::euler(1))
+            .with_causal(true)
+            .init::<TestBackend>(&device);
+        let x = Tensor::<TestBackend, 3>::random([2, 5, 8], Distribution::Default, &device);
+        let maps = layer.attention_maps(x);
+        assert_eq!(maps.dims(), [2, 2, 5, 5]);
+        let values = maps.clone().into_data().to_vec::<f32>().unwrap();
+        for (row, weights) in values.chunks(5).enumerate() {
+            let query = row % 5;
+            let sum: f32 = weights.iter().sum();
+            assert!((sum - 1.0).abs() < 1e-5, "row {row}: {weights:?}");
+            assert!(
+                weights[query + 1..].iter().all(|&w| w == 0.0),
+                "row {row}: {weights:?}"
             );
         }
     }

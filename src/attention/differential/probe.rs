@@ -36,6 +36,22 @@ impl<B: Backend> DifferentialAttention<B> {
             entropy_standard: mean_entropy(attention_weights(q0, k0, None, self.causal)),
         }
     }
+
+    /// The two softmax maps `A₁`, `A₂` of every head the layer scores `x` with (before their
+    /// difference, which is not a distribution), no padding mask. A diagnostic: what the runs'
+    /// attention diagnostics are computed from.
+    ///
+    /// # Shapes
+    /// - `x`: `[batch, seq, d_model]`
+    /// - output: `[batch, 2·heads, seq, seq]`, rows summing to 1
+    ///
+    /// # Panics
+    /// If `x` is not `[batch, seq, d_model]`.
+    pub fn attention_maps(&self, x: Tensor<B, 3>) -> Tensor<B, 4> {
+        check_input("DifferentialAttention::attention_maps", &x, self.d_model());
+        let (q, k, _) = self.project_with(x, 0, &self.dynamics);
+        attention_weights(q, k, None, self.causal)
+    }
 }
 
 #[cfg(test)]

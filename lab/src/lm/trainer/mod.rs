@@ -11,18 +11,19 @@
 //! rank takes its share of every micro-batch's rows; the gradients are averaged over the ranks
 //! once per step ([`all_reduce_gradients`]); only rank 0 evaluates and writes the run folder.
 
+use super::attention_diagnostics::{AttentionDiagnostics, gpt_attention_diagnostics};
 use super::checkpoint::{
     CheckpointState, checkpoint_dir, decode_records, encode_records, load_newest_good,
     newest_good_checkpoint, prune_checkpoints, save_checkpoint,
 };
 use super::clip::{clip_global_norm, clip_to_norm};
 use super::config::{InitWeights, RecordedChange, RunConfig};
-use super::dynamics_log::{DynamicsLog, write_dynamics_plot};
 use super::eval::{batch_nats, batch_tensors, evaluate};
 use super::metrics::{MetricsLog, MetricsRow, read_metrics_until};
 use super::parallel::batch_gradients;
 use super::parallel::share_of_rows;
 use super::plot::write_loss_plot;
+use super::probe_logs::ProbeLogs;
 use super::run_folder::{Start, open_run_folder};
 use super::{RunOptions, RunSummary, TrainConfig, TrainError, Validation};
 use crate::atomic;
@@ -95,8 +96,8 @@ pub struct Trainer<'a, B: FusedOps> {
     /// A checkpoint of the last step, written once the next step's losses prove it finite.
     pending_checkpoint: Option<CheckpointState>,
     last_val: Option<Validation>,
-    /// `dynamics.csv`; `None` on ranks other than 0.
-    dynamics: Option<DynamicsLog>,
+    /// `dynamics.csv` and `attention.csv`; `None` on ranks other than 0.
+    probes: Option<ProbeLogs>,
     /// The folder's lock, held until the trainer is dropped (or the process ends); `None` on
     /// ranks other than 0.
     _lock: Option<std::fs::File>,
@@ -238,9 +239,10 @@ impl<'a, B: FusedOps> Trainer<'a, B> {
         let val = (due && rank == 0).then(|| self.evaluate());
         let mut written = Ok(());
         if due && rank == 0 {
-            let stats = self.dynamics_stats();
-            if let Some(dynamics) = self.dynamics.as_mut() {
-                written = dynamics.record(s, stats);
+            let (inputs, _) = batch_tensors::<B::InnerBackend>(&self.eval_set[0], &self.devices[0]);
+            let model = self.model().valid();
+            if let Some(probes) = self.probes.as_mut() {
+                written = probes.record(s, &model, inputs);
             }
         }
         if rank == 0 && logged && written.is_ok() {
@@ -272,6 +274,14 @@ impl<'a, B: FusedOps> Trainer<'a, B> {
         let device = &self.devices[0];
         let (inputs, _) = batch_tensors::<B::InnerBackend>(&self.eval_set[0], device);
         self.model().valid().dynamics_stats(inputs)
+    }
+
+    /// The attention diagnostics of each layer on the first validation batch (see
+    /// [`gpt_attention_diagnostics`]).
+    pub fn attention_diagnostics(&self) -> Vec<AttentionDiagnostics> {
+        let device = &self.devices[0];
+        let (inputs, _) = batch_tensors::<B::InnerBackend>(&self.eval_set[0], device);
+        gpt_attention_diagnostics(&self.model().valid(), inputs)
     }
 
     /// The model's loss on the fixed validation set.
@@ -401,9 +411,7 @@ impl<'a, B: FusedOps> Trainer<'a, B> {
         if let Err(e) = write_loss_plot(&self.rows, &self.plot_title, &path) {
             self.progress.suspend(|| eprintln!("warning: {e}"));
         }
-        let path = self.out_dir.join("dynamics.svg");
-        let dynamics = self.dynamics.as_ref().map_or(&[][..], DynamicsLog::rows);
-        if let Err(e) = write_dynamics_plot(dynamics, &self.plot_title, &path) {
+        if let Some(Err(e)) = self.probes.as_ref().map(|p| p.plot(&self.plot_title)) {
             self.progress.suspend(|| eprintln!("warning: {e}"));
         }
     }
@@ -464,9 +472,14 @@ impl<'a, B: FusedOps> Trainer<'a, B> {
             extra_params: self.extra_params,
             resumed_from: self.resumed_step,
             dynamics: self
-                .dynamics
+                .probes
                 .as_ref()
-                .map(DynamicsLog::last)
+                .map(ProbeLogs::last_dynamics)
+                .unwrap_or_default(),
+            attention: self
+                .probes
+                .as_ref()
+                .map(ProbeLogs::last_attention)
                 .unwrap_or_default(),
         }
     }

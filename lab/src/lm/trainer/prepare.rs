@@ -245,7 +245,7 @@ impl<'a, B: FusedOps> Trainer<'a, B> {
                 None,
             ),
         };
-        let (log, dynamics) = if main {
+        let (log, probes) = if main {
             run_config.changes = match resumed_step {
                 Some(step) => history_from(start.history, step),
                 None => Vec::new(),
@@ -266,8 +266,8 @@ impl<'a, B: FusedOps> Trainer<'a, B> {
             atomic::write(&config_path, run_config.to_json().as_bytes())
                 .map_err(|e| TrainError::io("write", &config_path, e))?;
             let log = MetricsLog::create(&metrics_path, &rows)?;
-            let dynamics = DynamicsLog::open(&out_dir.join("dynamics.csv"), resumed_step)?;
-            (Some(log), Some(dynamics))
+            let probes = ProbeLogs::open(out_dir, resumed_step)?;
+            (Some(log), Some(probes))
         } else {
             (None, None)
         };
@@ -329,7 +329,7 @@ impl<'a, B: FusedOps> Trainer<'a, B> {
             total: (Duration::ZERO, 0),
             pending_checkpoint: None,
             last_val,
-            dynamics,
+            probes,
             _lock: lock,
         })
     }
