@@ -115,8 +115,9 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
          ## Paired differences\n\nEach variant's validation loss minus the baseline's on the same seed (same \
          initialisation of the shared parts, same data order), averaged over seeds, with Student's t 95% \
          interval: an interval that excludes 0 is a difference the seeds resolve. Coupled differential \
-         attention (`diff+…`) is paired with plain `diff` too, and each affine coupling with its \
-         uncoupled control when both ran.\n\n{}\n\
+         attention (`diff+…`) is paired with plain `diff` too, each affine coupling with its \
+         uncoupled control when both ran, and MLP-only and leapfrog with Euler (the paper's structural \
+         ablation).\n\n{}\n\
          ## Seed spreads\n\nEach variant's standard deviation over the shared seeds against the \
          baseline's, and the F test of their ratio (two-sided; a p below 0.05 is a spread the seeds \
          resolve).\n\n{}\n\

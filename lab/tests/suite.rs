@@ -286,6 +286,37 @@ fn coupled_differential_attention_is_paired_with_standard_and_with_plain_diff() 
     assert!((p[6].mean_diff + 0.05).abs() < 1e-12, "{}", p[6].mean_diff);
 }
 
+/// The structural ablation: MLP-only (the net without the coupling) and leapfrog (the other
+/// integrator, same step count) are also paired with Euler; a leapfrog without its Euler is not.
+#[test]
+fn the_structural_ablation_is_paired_with_euler_too() {
+    use coupled_qk_lab::suite::paired_to_baselines;
+    let results = vec![
+        cell("standard", 0, f64::exp(3.0)),
+        cell("mlp-only", 0, f64::exp(2.95)),
+        cell("euler1", 0, f64::exp(2.9)),
+        cell("leapfrog1", 0, f64::exp(2.8)),
+        cell("leapfrog3", 0, f64::exp(2.7)),
+    ];
+    let p = paired_to_baselines(&results);
+    let found: Vec<(&str, &str)> = p
+        .iter()
+        .map(|p| (p.variant.as_str(), p.baseline.as_str()))
+        .collect();
+    assert_eq!(
+        found,
+        [
+            ("mlp-only", "standard"),
+            ("euler1", "standard"),
+            ("leapfrog1", "standard"),
+            ("leapfrog3", "standard"),
+            ("mlp-only", "euler1"),
+            ("leapfrog1", "euler1"),
+        ]
+    );
+    assert!((p[4].mean_diff - 0.05).abs() < 1e-12 && (p[5].mean_diff + 0.1).abs() < 1e-12);
+}
+
 #[test]
 fn the_dynamics_table_averages_each_layer_over_seeds() {
     use coupled_qk::DynamicsStats;

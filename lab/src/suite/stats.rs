@@ -156,7 +156,8 @@ pub fn paired(results: &[CellResult], baseline: &str) -> Vec<Paired> {
 /// (`diff+…`) also against plain `diff` (what the coupling adds to differential attention), and
 /// each affine coupling against its uncoupled control of the same size when that was run
 /// (`affine1` against `affine-uncoupled1`: what the exchange between q and k adds beyond the
-/// parameters).
+/// parameters), and the paper's structural ablation against Euler's coupling: `mlp-only` against
+/// `euler1` (the net without the coupling) and `leapfrogN` against `eulerN` (the integrator).
 pub fn paired_to_baselines(results: &[CellResult]) -> Vec<Paired> {
     let mut out = paired(results, "standard");
     out.extend(
@@ -176,6 +177,26 @@ pub fn paired_to_baselines(results: &[CellResult]) -> Vec<Paired> {
             paired(results, control)
                 .into_iter()
                 .filter(|p| p.variant == coupled),
+        );
+    }
+    let ran = |name: &str| results.iter().any(|r| r.variant == name);
+    let mut euler_pairs: Vec<(String, String)> = Vec::new();
+    if ran("mlp-only") && ran("euler1") {
+        euler_pairs.push(("mlp-only".into(), "euler1".into()));
+    }
+    for r in results {
+        if let Some(steps) = r.variant.strip_prefix("leapfrog") {
+            let pair = (r.variant.clone(), format!("euler{steps}"));
+            if ran(&pair.1) && !euler_pairs.contains(&pair) {
+                euler_pairs.push(pair);
+            }
+        }
+    }
+    for (variant, euler) in euler_pairs {
+        out.extend(
+            paired(results, &euler)
+                .into_iter()
+                .filter(|p| p.variant == variant),
         );
     }
     out
