@@ -38,6 +38,7 @@ fn the_60m_preset_has_60m_parameters_and_the_coupling_adds_0_11_percent() {
 fn presets_have_the_documented_shapes() {
     for (preset, shape) in [
         (Preset::Tiny, (128, 4, 4, 256)),
+        (Preset::Small, (192, 8, 6, 256)),
         (Preset::M60, (576, 8, 9, 512)),
         (Preset::M150, (768, 16, 12, 1024)),
         (Preset::M350, (1024, 24, 16, 1024)),
@@ -50,10 +51,15 @@ fn presets_have_the_documented_shapes() {
         );
         assert_eq!(
             c.coupled_attention(&DynamicsConfig::Standard).d_head(),
-            if preset == Preset::Tiny { 32 } else { 64 }
+            if matches!(preset, Preset::Tiny | Preset::Small) {
+                32
+            } else {
+                64
+            }
         );
     }
     assert_eq!("60m".parse::<Preset>().unwrap(), Preset::M60);
+    assert_eq!("small".parse::<Preset>().unwrap(), Preset::Small);
     let err = "70m".parse::<Preset>().unwrap_err();
     assert_eq!(err, coupled_qk::model::UnknownPreset("70m".into()));
     assert!(err.to_string().contains("tiny"), "{err}");

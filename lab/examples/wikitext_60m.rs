@@ -248,7 +248,7 @@ fn main() {
 /// Per-preset defaults: our reconstruction (the paper gives none of these), see docs/reproducing.md.
 fn preset_defaults(preset: Preset, config: &mut TrainConfig) {
     let (batch, lr, warmup, steps, eval_every, checkpoint) = match preset {
-        Preset::Tiny => (16, 1e-3, 100, 1000, 100, 250),
+        Preset::Tiny | Preset::Small => (16, 1e-3, 100, 1000, 100, 250),
         Preset::M60 => (32, 6e-4, 1000, 20_000, 500, 1000),
         Preset::M150 | Preset::M350 => (32, 3e-4, 2000, 20_000, 500, 1000),
     };
@@ -392,6 +392,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
 fn preset_name(preset: Preset) -> &'static str {
     match preset {
         Preset::Tiny => "tiny",
+        Preset::Small => "small",
         Preset::M60 => "60m",
         Preset::M150 => "150m",
         Preset::M350 => "350m",

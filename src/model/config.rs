@@ -40,6 +40,10 @@ pub enum Preset {
     /// d_model 128, 4 layers, 4 × 32 heads, context 256: CPU-scale runs.
     #[serde(rename = "tiny")]
     Tiny,
+    /// d_model 192, 8 layers, 6 × 32 heads, context 256: one step up from `tiny` at CPU scale
+    /// (about 4× its parameters, twice its depth).
+    #[serde(rename = "small")]
+    Small,
     /// d_model 576, 8 layers, 9 × 64 heads, context 512 (≈60.9M parameters with GPT-2's vocabulary).
     #[serde(rename = "60m")]
     M60,
@@ -53,7 +57,7 @@ pub enum Preset {
 
 /// A preset name that is not one of [`Preset`]'s.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("unknown preset `{0}`: expected tiny, 60m, 150m or 350m")]
+#[error("unknown preset `{0}`: expected tiny, small, 60m, 150m or 350m")]
 pub struct UnknownPreset(pub String);
 
 impl FromStr for Preset {
@@ -61,6 +65,7 @@ impl FromStr for Preset {
     fn from_str(s: &str) -> Result<Self, UnknownPreset> {
         match s {
             "tiny" => Ok(Self::Tiny),
+            "small" => Ok(Self::Small),
             "60m" => Ok(Self::M60),
             "150m" => Ok(Self::M150),
             "350m" => Ok(Self::M350),
@@ -132,6 +137,7 @@ impl GptConfig {
     pub fn preset(preset: Preset, vocab_size: usize) -> Self {
         let (d_model, n_layers, n_heads, context) = match preset {
             Preset::Tiny => (128, 4, 4, 256),
+            Preset::Small => (192, 8, 6, 256),
             Preset::M60 => (576, 8, 9, 512),
             Preset::M150 => (768, 16, 12, 1024),
             Preset::M350 => (1024, 24, 16, 1024),

@@ -16,7 +16,7 @@ use std::path::PathBuf;
 /// Model and budget flags.
 #[derive(clap::Args, Clone, Debug)]
 pub struct Budget {
-    /// Model preset: tiny, 60m, 150m, 350m.
+    /// Model preset: tiny, small, 60m, 150m, 350m.
     #[arg(long, default_value = "tiny")]
     pub preset: Preset,
     /// bytes (256 ids) or gpt2 (50257 ids).
