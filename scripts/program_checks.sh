@@ -49,6 +49,22 @@ grep -q 'more than the 64' "$OUT/early.log" && ! grep -qi 'download' "$OUT/early
     || fail "flags checked after the corpus:"$'\n'"$(cat "$OUT/early.log")"
 echo "program_checks: flags are checked before the corpus is loaded"
 
+# A backend that does not start says why and what to do, and `auto` says what it passed over and
+# why: WGPU here with its Vulkan driver hidden (the loader finds no driver manifest).
+NO_VULKAN=(env VK_ICD_FILENAMES=/nonexistent.json VK_DRIVER_FILES=/nonexistent.json)
+if "${NO_VULKAN[@]}" "${W[0]}" --backend wgpu "${W[@]:3}" --max-steps 1 --out "$OUT/no-vulkan" > "$OUT/no-vulkan.log" 2>&1; then
+    fail "--backend wgpu without a Vulkan driver was accepted"
+fi
+grep -q 'WGPU found no usable adapter' "$OUT/no-vulkan.log" && grep -q 'install a Vulkan driver' "$OUT/no-vulkan.log" \
+    || fail "--backend wgpu without a driver:"$'\n'"$(cat "$OUT/no-vulkan.log")"
+"${NO_VULKAN[@]}" "${W[0]}" --backend auto "${W[@]:3}" --max-steps 1 --out "$OUT/auto" > "$OUT/auto.log" 2>&1 \
+    || fail "--backend auto without a Vulkan driver failed:"$'\n'"$(cat "$OUT/auto.log")"
+for said in 'backend auto: not CUDA: ' 'backend auto: not WGPU: WGPU found no usable adapter' \
+    'backend auto: choosing Flex'; do
+    grep -q "$said" "$OUT/auto.log" || fail "--backend auto did not say '$said':"$'\n'"$(cat "$OUT/auto.log")"
+done
+echo "program_checks: a backend that does not start says why; auto says what it passed over"
+
 # --resume into a folder that holds something else and no run: refused like a fresh run, and the
 # user's files stay as they were.
 mkdir -p "$OUT/mine"

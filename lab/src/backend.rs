@@ -55,9 +55,14 @@ pub enum BackendError {
         /// The feature that compiles it.
         feature: &'static str,
     },
-    /// No CUDA device answers at all.
-    #[error("no CUDA device answers: check the driver (nvidia-smi)")]
-    NoCuda,
+    /// CUDA did not start: no device answers, or its driver library cannot be loaded.
+    #[error("CUDA did not start: {0}")]
+    NoCuda(String),
+    /// NVRTC, CUDA's run-time compiler, cannot compile a kernel (its library `libnvrtc` is not
+    /// found, or does not match the driver): every kernel of Burn's CUDA backend is compiled
+    /// with it.
+    #[error("CUDA's run-time compiler NVRTC does not work: {0}")]
+    NoNvrtc(String),
     /// WGPU has no adapter.
     #[error("{0}")]
     NoWgpuAdapter(String),
@@ -123,9 +128,7 @@ pub fn dispatch_devices_from<T: MultiDeviceTask>(
         return Err(BackendError::NoDevices);
     }
     let chosen = match choice {
-        BackendChoice::Auto if cuda_works() => BackendChoice::Cuda,
-        BackendChoice::Auto if wgpu_on_a_gpu() => BackendChoice::Wgpu,
-        BackendChoice::Auto => BackendChoice::Flex,
+        BackendChoice::Auto => choose_automatically(),
         other => other,
     };
     match chosen {
@@ -141,6 +144,21 @@ pub fn dispatch_devices_from<T: MultiDeviceTask>(
             ))
         }
     }
+}
+
+/// `--backend auto`: CUDA if it starts, else WGPU if its adapter is a GPU, else Flex. Says what
+/// it tried and, for each backend passed over, why.
+fn choose_automatically() -> BackendChoice {
+    match cuda_start() {
+        Ok(()) => return BackendChoice::Cuda,
+        Err(why) => eprintln!("backend auto: not CUDA: {why}"),
+    }
+    match wgpu_gpu_adapter() {
+        Ok(()) => return BackendChoice::Wgpu,
+        Err(why) => eprintln!("backend auto: not WGPU: {why}"),
+    }
+    eprintln!("backend auto: choosing Flex (the CPU)");
+    BackendChoice::Flex
 }
 
 /// How a CPU backend's `count` devices run: the one CPU device, named `count` times, is `count`
@@ -175,43 +193,73 @@ fn run_ndarray<T: MultiDeviceTask>(_task: T, _count: usize) -> Result<T::Output,
     })
 }
 
+/// Whether CUDA starts: NVRTC compiles a kernel (checked first: without it no kernel of Burn's
+/// CUDA backend runs, and cudarc's panic would come from deep inside the first op), then a first
+/// op runs on the default device (without a GPU or its driver it panics; that is the probe).
+///
+/// # Errors
+/// The cause, in the words of the library that failed.
 #[cfg(feature = "cuda")]
-fn cuda_works() -> bool {
+fn cuda_start() -> Result<(), BackendError> {
     use burn::backend::Cuda;
     use burn::tensor::Tensor;
-    // Without a GPU the first CUDA op panics; that is the probe.
-    runs_quietly(|| {
-        let device = burn::backend::cuda::CudaDevice::default();
-        Tensor::<Cuda, 1>::ones([1], &device).into_data();
-    })
+    static STARTED: std::sync::OnceLock<Result<(), BackendError>> = std::sync::OnceLock::new();
+    STARTED
+        .get_or_init(|| {
+            let mut compiled = Ok(());
+            probe_quietly(|| {
+                compiled = cudarc::nvrtc::compile_ptx("extern \"C\" __global__ void probe() {}")
+                    .map(|_| ())
+                    .map_err(|e| format!("{e:?}"));
+            })
+            .and(compiled)
+            .map_err(BackendError::NoNvrtc)?;
+            probe_quietly(|| {
+                let device = burn::backend::cuda::CudaDevice::default();
+                Tensor::<Cuda, 1>::ones([1], &device).into_data();
+            })
+            .map_err(BackendError::NoCuda)
+        })
+        .clone()
 }
 
 #[cfg(not(feature = "cuda"))]
-fn cuda_works() -> bool {
-    false
+fn cuda_start() -> Result<(), BackendError> {
+    Err(BackendError::NotCompiled {
+        backend: "CUDA",
+        feature: "cuda",
+    })
 }
 
-/// Whether `probe` returns without panicking. A probe's panic means "no such device", not a
-/// crash: its message is not printed (the panic hook is swapped out meanwhile, one probe at a
-/// time, since the hook belongs to the whole process).
+/// Runs `probe`; a panic (a missing device, driver or library) is caught and returned as the
+/// first line of its message instead of being printed (the panic hook is swapped out meanwhile,
+/// one probe at a time, since the hook belongs to the whole process).
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
-fn runs_quietly(probe: impl FnOnce()) -> bool {
+fn probe_quietly(probe: impl FnOnce()) -> Result<(), String> {
     static PROBING: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _one_at_a_time = PROBING.lock().unwrap_or_else(|p| p.into_inner());
     let hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(|_| {}));
-    let works = std::panic::catch_unwind(std::panic::AssertUnwindSafe(probe)).is_ok();
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(probe));
     std::panic::set_hook(hook);
-    works
+    result.map_err(|payload| {
+        let detail = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or("it panicked without a message");
+        detail.lines().next().unwrap_or(detail).to_string()
+    })
 }
 
 /// Whether a first op on `device` runs (a missing device panics; that is the probe).
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
 fn answers<B: burn::tensor::backend::Backend>(device: &B::Device) -> bool {
     use burn::tensor::Tensor;
-    runs_quietly(|| {
+    probe_quietly(|| {
         Tensor::<B, 1>::ones([1], device).into_data();
     })
+    .is_ok()
 }
 
 #[cfg(feature = "cuda")]
@@ -221,9 +269,7 @@ fn run_cuda<T: MultiDeviceTask>(
     count: usize,
 ) -> Result<T::Output, BackendError> {
     use burn::backend::cuda::CudaDevice;
-    if !cuda_works() {
-        return Err(BackendError::NoCuda);
-    }
+    cuda_start()?;
     let devices: Vec<CudaDevice> = (first..first + count).map(CudaDevice::new).collect();
     if let Some(missing) = devices.iter().find(|d| !answers::<burn::backend::Cuda>(d)) {
         return Err(BackendError::DeviceMissing {
@@ -319,23 +365,20 @@ fn wgpu_default_adapter() -> Result<WgpuAdapter, String> {
         .get_or_init(|| {
             // cubecl panics when there is no adapter; keep its backtrace off the terminal and say
             // what happened in one line instead.
-            let hook = std::panic::take_hook();
-            std::panic::set_hook(Box::new(|_| {}));
-            let setup = std::panic::catch_unwind(|| {
-                init_setup::<AutoGraphicsApi>(&WgpuDevice::DefaultDevice, RuntimeOptions::default())
-            });
-            std::panic::set_hook(hook);
-            let setup = setup.map_err(|payload| {
-                let detail = payload
-                    .downcast_ref::<String>()
-                    .map(String::as_str)
-                    .or_else(|| payload.downcast_ref::<&str>().copied())
-                    .unwrap_or("no detail");
+            let mut setup = None;
+            probe_quietly(|| {
+                setup = Some(init_setup::<AutoGraphicsApi>(
+                    &WgpuDevice::DefaultDevice,
+                    RuntimeOptions::default(),
+                ));
+            })
+            .map_err(|detail| {
                 format!(
-                    "WGPU found no usable adapter (no GPU driver for Vulkan, Metal or DX12: {})",
-                    detail.lines().next().unwrap_or(detail)
+                    "WGPU found no usable adapter (no GPU driver for Vulkan, Metal or DX12: \
+                     {detail})"
                 )
             })?;
+            let setup = setup.expect("the probe returned");
             let info = setup.adapter.get_info();
             // wgpu::DeviceType, named through Debug to keep wgpu out of the dependencies.
             let kind = format!("{:?}", info.device_type);
@@ -348,19 +391,27 @@ fn wgpu_default_adapter() -> Result<WgpuAdapter, String> {
 }
 
 /// Whether `auto` should take WGPU: compiled in, and its default adapter is a GPU.
-fn wgpu_on_a_gpu() -> bool {
+///
+/// # Errors
+/// Why not, in words: not compiled, no adapter (and WGPU's reason), or a CPU driver.
+fn wgpu_gpu_adapter() -> Result<(), String> {
     #[cfg(feature = "wgpu")]
     {
         match wgpu_default_adapter() {
-            Ok(adapter) if !adapter.is_cpu => return true,
-            Ok(adapter) => eprintln!(
-                "backend: WGPU's adapter is {}, a CPU driver: choosing Flex",
+            Ok(adapter) if !adapter.is_cpu => Ok(()),
+            Ok(adapter) => Err(format!(
+                "its adapter is {}, a CPU driver (slower than Flex)",
                 adapter.description
-            ),
-            Err(why) => eprintln!("backend: {why}: choosing Flex"),
+            )),
+            Err(why) => Err(why),
         }
     }
-    false
+    #[cfg(not(feature = "wgpu"))]
+    Err(BackendError::NotCompiled {
+        backend: "WGPU",
+        feature: "wgpu",
+    }
+    .to_string())
 }
 
 #[cfg(not(feature = "wgpu"))]

@@ -44,9 +44,21 @@ pub fn backend_advice(e: &BackendError) -> Option<&'static str> {
     match e {
         BackendError::Unknown(_) => None,
         BackendError::NoDevices => Some("give --devices 1 or more"),
-        BackendError::NotCompiled { .. }
-        | BackendError::NoCuda
-        | BackendError::NoWgpuAdapter(_) => Some("or use --backend flex (the CPU)"),
+        BackendError::NotCompiled { .. } => Some("or use --backend flex (the CPU)"),
+        BackendError::NoCuda(_) => Some(
+            "check the NVIDIA driver (`nvidia-smi` lists the GPU; libcuda.so.1 is the driver's) \
+             and CUDA_VISIBLE_DEVICES, or use --backend flex (the CPU)",
+        ),
+        BackendError::NoNvrtc(_) => Some(
+            "install CUDA's run-time compiler for the driver's CUDA version (the toolkit, or the \
+             package libnvrtc / cuda-nvrtc; `nvidia-smi` names the version) and make libnvrtc.so \
+             findable (LD_LIBRARY_PATH), or use --backend flex (the CPU)",
+        ),
+        BackendError::NoWgpuAdapter(_) => Some(
+            "install a Vulkan driver for the GPU (the vendor's, or Mesa's: Debian's \
+             mesa-vulkan-drivers; `vulkaninfo --summary` lists what Vulkan sees), or use \
+             --backend flex (the CPU)",
+        ),
         BackendError::DeviceMissing { .. } => Some("lower --devices"),
     }
 }
