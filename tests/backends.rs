@@ -4,14 +4,16 @@
 //! parameter, Burn's fused attention op against the explicit path, the fused linear
 //! cross-entropy (with `--features autodiff`), and three training steps of the `tiny` GPT.
 //!
-//! Backends: NdArray with `--features ndarray`, WGPU with `--features wgpu`. WGPU needs an adapter
-//! (a GPU, or a CPU driver such as Mesa's lavapipe: `apt-get install mesa-vulkan-drivers`); without
-//! one its tests print why and return, unless `COUPLED_QK_REQUIRE_WGPU=1` (set by CI), which makes
-//! a missing adapter a failure. Shapes are small: a CPU Vulkan driver compiles every new kernel.
+//! Backends: NdArray with `--features ndarray`, WGPU with `--features wgpu`, CUDA with
+//! `--features cuda`. WGPU needs an adapter (a GPU, or a CPU driver such as Mesa's lavapipe:
+//! `apt-get install mesa-vulkan-drivers`); without one its tests print why and return, unless
+//! `COUPLED_QK_REQUIRE_WGPU=1` (set by CI), which makes a missing adapter a failure. CUDA alike:
+//! without a device that answers its tests print why and return, unless `COUPLED_QK_REQUIRE_CUDA=1`
+//! (set by `scripts/gpu_check.sh`). Shapes are small: a CPU Vulkan driver compiles every new kernel.
 
 // Without a backend feature nothing instantiates the checks below.
 #![cfg_attr(
-    not(any(feature = "ndarray", feature = "wgpu")),
+    not(any(feature = "ndarray", feature = "wgpu", feature = "cuda")),
     allow(dead_code, unused_imports, unused_macros)
 )]
 
@@ -895,6 +897,9 @@ backend_tests!(
 #[cfg(feature = "wgpu")]
 backend_tests!(wgpu, burn::backend::Wgpu, wgpu_adapter::device());
 
+#[cfg(feature = "cuda")]
+backend_tests!(cuda, burn::backend::Cuda, cuda_device::device());
+
 #[cfg(not(feature = "ndarray"))]
 #[test]
 #[ignore = "NdArray is not compiled: run with `--features ndarray`"]
@@ -953,6 +958,51 @@ mod wgpu_adapter {
                     "skipped: WGPU has no adapter ({why}); install a Vulkan driver, e.g. \
                      mesa-vulkan-drivers, to run the WGPU parity tests"
                 );
+                None
+            }
+        }
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod cuda_device {
+    use burn::backend::Cuda;
+    use burn::backend::cuda::CudaDevice;
+    use burn::tensor::Tensor;
+    use std::io::Write;
+    use std::sync::OnceLock;
+
+    /// CUDA's default device once a first op runs on it; `None` (with a line on stderr) when it
+    /// does not, or a panic when `COUPLED_QK_REQUIRE_CUDA=1`.
+    pub fn device() -> Option<CudaDevice> {
+        static STARTED: OnceLock<Result<(), String>> = OnceLock::new();
+        let started = STARTED.get_or_init(|| {
+            let hook = std::panic::take_hook();
+            std::panic::set_hook(Box::new(|_| {}));
+            let probe = std::panic::catch_unwind(|| {
+                Tensor::<Cuda, 1>::ones([1], &CudaDevice::default()).into_data();
+            });
+            std::panic::set_hook(hook);
+            probe.map_err(|payload| {
+                payload
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_else(|| "no detail".into())
+                    .lines()
+                    .next()
+                    .unwrap_or("")
+                    .to_string()
+            })
+        });
+        match started {
+            Ok(()) => Some(CudaDevice::default()),
+            Err(why) if std::env::var("COUPLED_QK_REQUIRE_CUDA").as_deref() == Ok("1") => panic!(
+                "COUPLED_QK_REQUIRE_CUDA=1 but CUDA does not start ({why}): check the driver \
+                 (nvidia-smi) and that libnvrtc can be loaded"
+            ),
+            Err(why) => {
+                let _ = writeln!(std::io::stderr(), "skipped: CUDA does not start ({why})");
                 None
             }
         }
