@@ -94,6 +94,7 @@ impl PeakAlloc {
 // SAFETY: every call forwards to the inner allocator unchanged; the counters only observe it.
 unsafe impl GlobalAlloc for PeakAlloc {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: the caller's contract for `alloc` (a non-zero-sized layout) is passed on unchanged.
         let ptr = unsafe { INNER.alloc(layout) };
         if !ptr.is_null() {
             self.grow(layout.size());
@@ -102,6 +103,7 @@ unsafe impl GlobalAlloc for PeakAlloc {
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: as for `alloc`: the caller's layout is passed on unchanged.
         let ptr = unsafe { INNER.alloc_zeroed(layout) };
         if !ptr.is_null() {
             self.grow(layout.size());
@@ -110,11 +112,13 @@ unsafe impl GlobalAlloc for PeakAlloc {
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` was allocated by this allocator, that is by `INNER`, with `layout`.
         unsafe { INNER.dealloc(ptr, layout) };
         self.current.fetch_sub(layout.size(), Relaxed);
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: `ptr` was allocated by `INNER` with `layout`; the caller guarantees `new_size`.
         let new = unsafe { INNER.realloc(ptr, layout, new_size) };
         if !new.is_null() {
             self.current.fetch_sub(layout.size(), Relaxed);

@@ -134,11 +134,11 @@ impl NcclGroup {
             self.alone(format!("cannot use the CUDA context: {e:?}"));
         }
         let mut comm = MaybeUninit::uninit();
-        // SAFETY: `comm` is a valid place for NCCL to write the communicator; `id` is rank 0's
-        // id, sent to every rank, and `rank` is this rank's place in `world`.
         self.mpi
-            .watched("NCCL's start", || unsafe {
-                result::comm_init_rank(comm.as_mut_ptr(), world, id, rank)
+            .watched("NCCL's start", || {
+                // SAFETY: `comm` is a valid place for NCCL to write the communicator; `id` is
+                // rank 0's id, sent to every rank, and `rank` is this rank's place in `world`.
+                unsafe { result::comm_init_rank(comm.as_mut_ptr(), world, id, rank) }
             })
             .map_err(|e| CollectiveError::Device(format!("cannot start NCCL: {e:?}")))?;
         Ok(State::Open(Communicator {
