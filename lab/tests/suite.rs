@@ -244,14 +244,18 @@ fn paired_differences_have_a_t_interval_and_count_the_seeds_ahead() {
         ("euler1", 3, 3)
     );
     assert!((euler.mean_diff + 0.2).abs() < 1e-12);
-    // sd 0.1, se 0.1/√3, t(2) = 4.303: half-width 0.24843.
-    let half = 4.303 * 0.1 / 3f64.sqrt();
+    // sd 0.1, se 0.1/√3, t(2) = 4.302653: half-width 0.24841.
+    let half = 4.302_653 * 0.1 / 3f64.sqrt();
     let (lo, hi) = euler.ci95.unwrap();
-    assert!((lo - (-0.2 - half)).abs() < 1e-9 && (hi - (-0.2 + half)).abs() < 1e-9);
+    assert!((lo - (-0.2 - half)).abs() < 1e-7 && (hi - (-0.2 + half)).abs() < 1e-7);
     // One seed: a difference, no interval.
     assert_eq!((p[1].seeds, p[1].ahead, p[1].ci95), (1, 0, None));
     assert!((p[1].mean_diff - 0.1).abs() < 1e-12);
-    assert!((t_975(5) - 2.571).abs() < 1e-12 && (t_975(100) - 1.984).abs() < 0.005);
+    // Tabulated quantiles (to the table's 4 decimals): t(1) 12.7062, t(5) 2.5706, t(100) 1.9840.
+    for (df, q) in [(1, 12.7062), (5, 2.5706), (100, 1.9840)] {
+        assert!((t_975(df) - q).abs() < 1e-4, "t({df}): {}", t_975(df));
+    }
+    assert!(t_975(0).is_nan());
 }
 
 #[test]

@@ -18,7 +18,7 @@ pub use report::{
     PAPER_60M, ReportError, ablation_table, attention_table, change_pct, command_line,
     dynamics_table, paired_table, seed_table, spread_table, write_markdown, write_report,
 };
-pub use spread::{SpreadTest, f_cdf, regularized_beta, spread_tests};
+pub use spread::{SpreadTest, f_cdf, spread_tests};
 pub use stats::{
     Aggregate, Paired, aggregate, first_reach, mean_std, paired, paired_to_baselines, t_975,
 };

@@ -2,6 +2,7 @@
 //! seeds.
 
 use super::{CellResult, CurvePoint};
+use statrs::distribution::{ContinuousCDF, StudentsT};
 
 /// Mean and sample standard deviation (0 for one value).
 pub fn mean_std(values: &[f64]) -> (f64, f64) {
@@ -93,19 +94,10 @@ pub struct Paired {
     pub ahead: usize,
 }
 
-/// The two-sided 95% quantile of Student's t with `df` degrees of freedom.
+/// The two-sided 95% quantile of Student's t with `df` degrees of freedom (its 97.5th
+/// percentile, by statrs); NaN for 0.
 pub fn t_975(df: usize) -> f64 {
-    const TABLE: [f64; 30] = [
-        12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
-        2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
-        2.052, 2.048, 2.045, 2.042,
-    ];
-    match df {
-        0 => f64::NAN,
-        1..=30 => TABLE[df - 1],
-        // Beyond the table, within 0.005 of the exact value.
-        _ => 1.96 + 2.46 / df as f64,
-    }
+    StudentsT::new(0.0, 1.0, df as f64).map_or(f64::NAN, |t| t.inverse_cdf(0.975))
 }
 
 /// Every variant of each corpus against `baseline` on the same corpus, paired by seed, in order
