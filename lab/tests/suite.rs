@@ -415,6 +415,14 @@ fn seed_spreads_are_compared_by_the_f_test_over_the_shared_seeds() {
     assert!((t.std - 0.2 / 2f64.sqrt()).abs() < 1e-9, "{}", t.std);
     assert!((t.baseline_std - 0.1 / 2f64.sqrt()).abs() < 1e-9);
     assert!((t.ratio - 4.0).abs() < 1e-9, "{}", t.ratio);
+    // One seed: no spread, and the table says so instead of printing NaN.
+    let pair = [results[0].clone(), results[2].clone()];
+    let one = spread_tests(&pair, &paired_to_baselines(&pair));
+    let table = coupled_qk_lab::suite::spread_table(&one);
+    assert!(
+        table.lines().nth(2).unwrap().ends_with("| – | – |"),
+        "{table}"
+    );
     // F(1, 1) has CDF (2/π)·atan(√x): at 4, p = 2·(1 − (2/π)·atan 2).
     let expected = 2.0 * (1.0 - 2.0 / std::f64::consts::PI * 2f64.atan());
     assert!((t.p.unwrap() - expected).abs() < 1e-9, "{:?}", t.p);

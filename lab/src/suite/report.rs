@@ -88,10 +88,15 @@ pub fn spread_table(tests: &[super::SpreadTest]) -> String {
     );
     for t in tests {
         let p = t.p.map_or("–".to_string(), |p| format!("{p:.3}"));
+        // One seed has no spread: its ratio (0/0) is no number to print.
+        let ratio = match t.ratio.is_finite() {
+            true => format!("{:.2}", t.ratio),
+            false => "–".to_string(),
+        };
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {:.4} | {:.4} | {:.2} | {p} |",
-            t.corpus, t.variant, t.baseline, t.seeds, t.std, t.baseline_std, t.ratio
+            "| {} | {} | {} | {} | {:.4} | {:.4} | {ratio} | {p} |",
+            t.corpus, t.variant, t.baseline, t.seeds, t.std, t.baseline_std
         );
     }
     md
