@@ -42,10 +42,10 @@ impl ConfigError {
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum NameError {
     /// Not a dynamics name.
-    #[error("unknown dynamics `{0}`: expected {names} ({COUNTS})", names = crate::DynamicsConfig::names().join(", "))]
+    #[error("unknown dynamics `{0}`: expected {names} ({counts})", names = crate::DynamicsConfig::names().join(", "), counts = counts())]
     UnknownDynamics(String),
     /// Not an attention-variant name.
-    #[error("unknown attention variant `{0}`: expected one of {names} ({COUNTS}; diff+ any of these, e.g. diff+euler1)", names = crate::AttentionVariant::names().collect::<Vec<_>>().join(", "))]
+    #[error("unknown attention variant `{0}`: expected one of {names} ({counts}; diff+ any of these, e.g. diff+euler1)", names = crate::AttentionVariant::names().collect::<Vec<_>>().join(", "), counts = counts())]
     UnknownVariant(String),
     /// Dynamics after `+` on something other than differential attention.
     #[error(
@@ -60,7 +60,8 @@ pub enum NameError {
     },
     /// A count on a name that takes none (`standard2`).
     #[error(
-        "`{0}`: only integrators (euler, leapfrog, …) take a step count, and affine a layer count"
+        "`{0}`: only integrators ({integrators}) take a step count, and affine a layer count",
+        integrators = crate::IntegratorKind::listed()
     )]
     CountNotTaken(String),
     /// A count that is not a number (or does not fit one).
@@ -100,8 +101,13 @@ pub enum NameError {
 }
 
 /// How counts are written, for the messages of [`NameError`].
-const COUNTS: &str = "euler and leapfrog with an optional step count, e.g. euler3; affine and \
-affine-uncoupled with a layer count, e.g. affine2";
+fn counts() -> String {
+    format!(
+        "{} with an optional step count, e.g. euler3; affine and affine-uncoupled with a layer \
+         count, e.g. affine2",
+        crate::IntegratorKind::listed()
+    )
+}
 
 /// Panics with the error's message: the `init` counterpart of a `try_init`.
 pub(crate) fn or_panic<T>(result: Result<T, ConfigError>) -> T {

@@ -50,6 +50,15 @@ fn a_registered_integrator_trains_by_name_through_the_programs_path() {
     );
     let unknown = "rk4".parse::<AttentionVariant>().unwrap_err().to_string();
     assert!(unknown.contains("position-verlet"), "{unknown}");
+    // The lists in messages come from the registry, the step-count sentence included.
+    assert!(
+        unknown.contains("euler, leapfrog and position-verlet with an optional step count"),
+        "{unknown}"
+    );
+    assert_eq!(
+        IntegratorKind::listed(),
+        "euler, leapfrog and position-verlet"
+    );
 
     let mut config = TrainConfig::new(GptConfig::preset(Preset::Tiny, 256).with_attention(variant));
     config.seq_len = 64;

@@ -62,6 +62,18 @@ impl IntegratorKind {
             .collect()
     }
 
+    /// The names of [`all`](Self::all) as a sentence lists them: `euler and leapfrog`, `euler,
+    /// leapfrog and verlet` (messages and help texts build their lists from it, so a registered
+    /// integrator appears in them).
+    pub fn listed() -> String {
+        let names: Vec<&str> = Self::all().into_iter().map(Self::name).collect();
+        match names.split_last() {
+            None => String::new(),
+            Some((last, [])) => (*last).to_string(),
+            Some((last, rest)) => format!("{} and {last}", rest.join(", ")),
+        }
+    }
+
     /// The integrator this name stands for.
     pub fn build(self) -> Arc<dyn Integrator> {
         let registered = REGISTERED.read().unwrap_or_else(|e| e.into_inner());

@@ -55,8 +55,9 @@ pub enum StepsError {
     },
     /// The variant has no integrator steps.
     #[error(
-        "`{name}` has no integrator steps (euler and leapfrog have; affine counts layers in its \
-         name, e.g. `affine2`), so steps = {steps} would be ignored"
+        "`{name}` has no integrator steps ({integrators} have; affine counts layers in its name, \
+         e.g. `affine2`), so steps = {steps} would be ignored",
+        integrators = coupled_qk::IntegratorKind::listed()
     )]
     NoSteps {
         /// The variant's name.
