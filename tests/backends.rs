@@ -910,6 +910,17 @@ fn ndarray_parity() {}
 #[ignore = "WGPU is not compiled: run with `--features wgpu` (and a Vulkan driver)"]
 fn wgpu_parity() {}
 
+/// The first line of a caught panic's message: why a backend's probe failed.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+fn panic_line(payload: &(dyn std::any::Any + Send)) -> String {
+    let message = payload
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| payload.downcast_ref::<&str>().copied())
+        .unwrap_or("no detail");
+    message.lines().next().unwrap_or("").to_string()
+}
+
 #[cfg(feature = "wgpu")]
 mod wgpu_adapter {
     use burn::backend::wgpu::{RuntimeOptions, WgpuDevice, graphics::AutoGraphicsApi, init_setup};
@@ -935,15 +946,7 @@ mod wgpu_adapter {
                     let _ = writeln!(std::io::stderr(), "WGPU parity tests on {line}");
                     Ok(line)
                 }
-                Err(payload) => Err(payload
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_else(|| "no detail".into())
-                    .lines()
-                    .next()
-                    .unwrap_or("")
-                    .to_string()),
+                Err(payload) => Err(super::panic_line(payload.as_ref())),
             }
         });
         match adapter {
@@ -983,17 +986,7 @@ mod cuda_device {
                 Tensor::<Cuda, 1>::ones([1], &CudaDevice::default()).into_data();
             });
             std::panic::set_hook(hook);
-            probe.map_err(|payload| {
-                payload
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_else(|| "no detail".into())
-                    .lines()
-                    .next()
-                    .unwrap_or("")
-                    .to_string()
-            })
+            probe.map_err(|payload| super::panic_line(payload.as_ref()))
         });
         match started {
             Ok(()) => Some(CudaDevice::default()),

@@ -5,8 +5,8 @@
 
 use super::attention_diagnostics::AttentionDiagnostics;
 use super::csv_row::{RowError, fields, number};
-use super::eval_log::{EvalLog, EvalRow};
-use crate::plot::{Chart, Line, PlotError, write_charts};
+use super::eval_log::{EvalLog, EvalRow, layer_chart};
+use crate::plot::{PlotError, write_charts};
 use std::path::Path;
 
 /// The header of `attention.csv`, exactly.
@@ -38,6 +38,10 @@ impl EvalRow for AttentionRow {
 
     fn step(&self) -> usize {
         self.step
+    }
+
+    fn layer(&self) -> usize {
+        self.layer
     }
 
     fn to_csv(&self) -> String {
@@ -79,25 +83,10 @@ pub fn write_attention_plot(
     title: &str,
     path: &Path,
 ) -> Result<(), PlotError> {
-    let mut layers: Vec<usize> = rows.iter().map(|r| r.layer).collect();
-    layers.sort_unstable();
-    layers.dedup();
-    let panel = |name: &str, value: fn(&AttentionDiagnostics) -> f64| Chart {
-        title: format!("{title}: {name}"),
-        x_desc: "step".into(),
-        y_desc: name.into(),
-        lines: layers
-            .iter()
-            .map(|&layer| Line {
-                label: format!("layer {layer}"),
-                points: rows
-                    .iter()
-                    .filter(|r| r.layer == layer)
-                    .map(|r| (r.step as f64, value(&r.diagnostics)))
-                    .collect(),
-            })
-            .collect(),
-        ..Chart::default()
+    let panel = |name: &str, value: fn(&AttentionDiagnostics) -> f64| {
+        layer_chart(rows, title, name, &|r: &AttentionRow| {
+            Some(value(&r.diagnostics))
+        })
     };
     let charts = [
         panel("entropy / uniform's", |d| d.normalised_entropy),

@@ -3,8 +3,8 @@
 //! [`Gpt::dynamics_stats`](coupled_qk::model::Gpt::dynamics_stats)).
 
 use super::csv_row::{RowError, fields, number};
-use super::eval_log::{EvalLog, EvalRow};
-use crate::plot::{Chart, Line, PlotError, write_charts};
+use super::eval_log::{EvalLog, EvalRow, layer_chart};
+use crate::plot::{PlotError, write_charts};
 use coupled_qk::DynamicsStats;
 use std::path::Path;
 
@@ -42,6 +42,10 @@ impl EvalRow for DynamicsRow {
 
     fn step(&self) -> usize {
         self.step
+    }
+
+    fn layer(&self) -> usize {
+        self.layer
     }
 
     fn to_csv(&self) -> String {
@@ -93,25 +97,8 @@ pub fn write_dynamics_plot(
     title: &str,
     path: &Path,
 ) -> Result<(), PlotError> {
-    let mut layers: Vec<usize> = rows.iter().map(|r| r.layer).collect();
-    layers.sort_unstable();
-    layers.dedup();
-    let panel = |name: &str, value: &dyn Fn(&DynamicsRow) -> Option<f64>| Chart {
-        title: format!("{title}: {name}"),
-        x_desc: "step".into(),
-        y_desc: name.into(),
-        lines: layers
-            .iter()
-            .map(|&layer| Line {
-                label: format!("layer {layer}"),
-                points: rows
-                    .iter()
-                    .filter(|r| r.layer == layer)
-                    .filter_map(|r| Some((r.step as f64, value(r)?)))
-                    .collect(),
-            })
-            .collect(),
-        ..Chart::default()
+    let panel = |name: &str, value: &dyn Fn(&DynamicsRow) -> Option<f64>| {
+        layer_chart(rows, title, name, value)
     };
     let charts = [
         panel("dt (mean over heads)", &|r| r.dt_mean()),

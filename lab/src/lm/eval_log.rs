@@ -4,6 +4,7 @@
 
 use super::TrainError;
 use super::csv_row::RowError;
+use crate::plot::{Chart, Line};
 use std::path::{Path, PathBuf};
 
 /// A row of a per-evaluation log: one layer at one evaluation.
@@ -16,6 +17,8 @@ pub trait EvalRow: Clone + Sized {
     fn new(step: usize, layer: usize, stats: Self::Stats) -> Self;
     /// Steps done when it was measured.
     fn step(&self) -> usize;
+    /// The block it measured, 0-based.
+    fn layer(&self) -> usize;
     /// The CSV line, without its newline.
     fn to_csv(&self) -> String;
     /// Parses a line written by [`to_csv`](Self::to_csv).
@@ -89,5 +92,35 @@ impl<R: EvalRow> EvalLog<R> {
         }
         crate::atomic::write(&self.path, text.as_bytes())
             .map_err(|e| TrainError::io("write", &self.path, e))
+    }
+}
+
+/// One panel of a per-evaluation plot: `value` of each row against step, a line per layer
+/// (rows where it is `None` left out).
+pub(super) fn layer_chart<R: EvalRow>(
+    rows: &[R],
+    title: &str,
+    name: &str,
+    value: &dyn Fn(&R) -> Option<f64>,
+) -> Chart {
+    let mut layers: Vec<usize> = rows.iter().map(R::layer).collect();
+    layers.sort_unstable();
+    layers.dedup();
+    Chart {
+        title: format!("{title}: {name}"),
+        x_desc: "step".into(),
+        y_desc: name.into(),
+        lines: layers
+            .iter()
+            .map(|&layer| Line {
+                label: format!("layer {layer}"),
+                points: rows
+                    .iter()
+                    .filter(|r| r.layer() == layer)
+                    .filter_map(|r| Some((r.step() as f64, value(r)?)))
+                    .collect(),
+            })
+            .collect(),
+        ..Chart::default()
     }
 }
